@@ -1,0 +1,1 @@
+"""Command-line entry points. Flags are defined and parsed here only."""

@@ -1,0 +1,260 @@
+"""Convolution and batch-norm layers whose variables carry slim's names.
+
+The original DeepLab was built with tf_slim; its checkpoints (the model zoo)
+name variables `<scope>/weights`, `<scope>/biases`,
+`<scope>/depthwise_weights` and `<scope>/BatchNorm/{beta,gamma,moving_mean,
+moving_variance}`. These functions create exactly those variables with
+`tf.compat.v1.get_variable`, so a zoo checkpoint restores with no mapping.
+
+Instead of slim's arg_scope, each layer takes a `ConvParams` saying how it is
+regularised and normalised; each network part builds its own (the BN decay and
+epsilon differ per part). Regularisation losses and BN update ops are not
+fished out of graph collections by the caller: build the network inside
+`recording()` and read them off the returned `Recorder`.
+"""
+import contextlib
+import dataclasses
+import threading
+from typing import Callable, List, Optional
+
+import tensorflow.compat.v1 as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchNormParams:
+  decay: float = 0.9997
+  epsilon: float = 1e-5
+  scale: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvParams:
+  """How a part of the network builds its convolutions.
+
+  Attributes:
+    weight_decay: L2 factor for `weights` (slim's l2_regularizer: the loss
+      is weight_decay * sum(w**2) / 2). Depthwise weights are regularised
+      only when `regularize_depthwise`.
+    batch_norm: BN settings, or None for a plain conv with `biases`.
+    bn_training: BN uses batch statistics and updates its moving averages
+      (the original: is_training and fine_tune_batch_norm).
+    activation: applied after BN (or bias); None for linear.
+    weights_stddev: stddev of the truncated-normal initializer; None uses
+      a variance-scaling (He) initializer.
+    regularize_depthwise: also regularise depthwise weights.
+  """
+  weight_decay: float = 0.0
+  batch_norm: Optional[BatchNormParams] = BatchNormParams()
+  bn_training: bool = False
+  activation: Optional[Callable] = tf.nn.relu
+  weights_stddev: Optional[float] = None
+  regularize_depthwise: bool = False
+
+  def replace(self, **changes):
+    return dataclasses.replace(self, **changes)
+
+
+_DEFAULT = object()
+
+
+class Recorder:
+  """Collects what a network build creates besides its output tensor."""
+
+  def __init__(self):
+    self.regularization_losses: List[tf.Tensor] = []
+    self.update_ops: List[tf.Operation] = []
+
+  def total_regularization_loss(self, name='regularization_loss'):
+    if not self.regularization_losses:
+      return tf.constant(0.0, name=name)
+    return tf.add_n(self.regularization_losses, name=name)
+
+
+_state = threading.local()
+
+
+def _recorders():
+  if not hasattr(_state, 'stack'):
+    _state.stack = []
+  return _state.stack
+
+
+@contextlib.contextmanager
+def recording():
+  """Context in which layers report regularisation losses and BN updates.
+
+  Regularisation losses are reported once per variable, when it is created
+  (a second tower reusing the variables adds none), as slim did.
+
+  Yields:
+    A `Recorder`.
+  """
+  rec = Recorder()
+  _recorders().append(rec)
+  try:
+    yield rec
+  finally:
+    _recorders().pop()
+
+
+def _record_loss(loss):
+  for rec in _recorders():
+    rec.regularization_losses.append(loss)
+
+
+def _record_update(op):
+  for rec in _recorders():
+    rec.update_ops.append(op)
+
+
+def _initializer(params):
+  if params.weights_stddev is None:
+    return tf.variance_scaling_initializer(scale=2.0)
+  return tf.truncated_normal_initializer(stddev=params.weights_stddev)
+
+
+def _regularizer(scale):
+  if not scale:
+    return None
+
+  def l2(w):
+    loss = tf.multiply(scale, tf.nn.l2_loss(w), name='l2_regularizer')
+    _record_loss(loss)
+    return loss
+  return l2
+
+
+def _weights(name, shape, params, regularize=True):
+  return tf.get_variable(
+      name, shape=shape, dtype=tf.float32,
+      initializer=_initializer(params),
+      regularizer=_regularizer(params.weight_decay) if regularize else None,
+      trainable=True)
+
+
+def _compute_dtype(x, var):
+  """Casts a variable to the input's dtype (mixed precision keeps fp32 vars)."""
+  return var if x.dtype == var.dtype else tf.cast(var, x.dtype)
+
+
+def batch_norm(x, params: ConvParams, scope='BatchNorm'):
+  """slim.batch_norm (fused, with scale) under `scope`.
+
+  In training mode it normalises with the batch moments and records ops that
+  move `moving_mean` / `moving_variance` towards them; otherwise it uses the
+  moving statistics. gamma and beta are trainable either way.
+  """
+  bn = params.batch_norm
+  channels = x.shape[-1]
+  with tf.variable_scope(scope):
+    beta = tf.get_variable('beta', [channels], tf.float32,
+                           tf.zeros_initializer())
+    gamma = (tf.get_variable('gamma', [channels], tf.float32,
+                             tf.ones_initializer()) if bn.scale
+             else tf.ones([channels], tf.float32))
+    moving_mean = tf.get_variable(
+        'moving_mean', [channels], tf.float32, tf.zeros_initializer(),
+        trainable=False)
+    moving_variance = tf.get_variable(
+        'moving_variance', [channels], tf.float32, tf.ones_initializer(),
+        trainable=False)
+    if params.bn_training:
+      # fused_batch_norm takes fp32 scale/offset for fp16/bf16 inputs too.
+      out, mean, variance = tf.nn.fused_batch_norm(
+          x, gamma, beta, epsilon=bn.epsilon, is_training=True)
+      decay = 1.0 - bn.decay
+      _record_update(tf.assign_sub(
+          moving_mean, (moving_mean - tf.cast(mean, tf.float32)) * decay,
+          name='AssignMovingAvg'))
+      _record_update(tf.assign_sub(
+          moving_variance,
+          (moving_variance - tf.cast(variance, tf.float32)) * decay,
+          name='AssignMovingAvg_1'))
+    else:
+      out, _, _ = tf.nn.fused_batch_norm(
+          x, gamma, beta, mean=moving_mean, variance=moving_variance,
+          epsilon=bn.epsilon, is_training=False)
+  return out
+
+
+def _finish(x, params, activation, use_bias, num_outputs, normalize):
+  if normalize and params.batch_norm is not None:
+    x = batch_norm(x, params)
+  elif use_bias:
+    biases = tf.get_variable('biases', [num_outputs], tf.float32,
+                             tf.zeros_initializer())
+    x = tf.nn.bias_add(x, _compute_dtype(x, biases))
+  act = params.activation if activation is _DEFAULT else activation
+  if act is not None:
+    x = act(x)
+  return x
+
+
+def conv2d(x, num_outputs, kernel_size, params: ConvParams, scope,
+           stride=1, rate=1, padding='SAME', activation=_DEFAULT,
+           normalize=True, use_bias=True):
+  """slim.conv2d: `weights`, then BatchNorm (or `biases`), then activation.
+
+  Args:
+    x: NHWC input.
+    num_outputs: output channels.
+    kernel_size: int or (kh, kw).
+    params: the part's ConvParams.
+    scope: variable scope name (e.g. 'aspp0').
+    stride, rate: stride and atrous rate (not both > 1).
+    padding: 'SAME' or 'VALID'.
+    activation: overrides params.activation (None for linear).
+    normalize: False skips BN even when params has it (then `biases`).
+    use_bias: without BN, whether to add `biases`.
+
+  Returns:
+    The output tensor.
+  """
+  kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
+  with tf.variable_scope(scope):
+    w = _weights('weights', [kh, kw, x.shape[-1], num_outputs], params)
+    y = tf.nn.conv2d(x, _compute_dtype(x, w), strides=[1, stride, stride, 1],
+                     padding=padding, dilations=[1, rate, rate, 1])
+    return _finish(y, params, activation, use_bias, num_outputs, normalize)
+
+
+def depthwise_conv2d(x, kernel_size, params: ConvParams, scope,
+                     depth_multiplier=1, stride=1, rate=1, padding='SAME',
+                     activation=_DEFAULT, normalize=True, use_bias=True):
+  """slim.separable_conv2d with num_outputs=None: `depthwise_weights` only.
+
+  The depthwise weights are not L2-regularised unless
+  `params.regularize_depthwise`, as in the original.
+  """
+  kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
+  channels = int(x.shape[-1])
+  with tf.variable_scope(scope):
+    w = _weights('depthwise_weights', [kh, kw, channels, depth_multiplier],
+                 params, regularize=params.regularize_depthwise)
+    y = tf.nn.depthwise_conv2d(
+        x, _compute_dtype(x, w), strides=[1, stride, stride, 1],
+        padding=padding, dilations=[rate, rate])
+    return _finish(y, params, activation, use_bias,
+                   channels * depth_multiplier, normalize)
+
+
+def split_separable_conv2d(x, num_outputs, params: ConvParams, scope,
+                           kernel_size=3, rate=1, depthwise_params=None):
+  """DeepLab's separable conv: `{scope}_depthwise` then `{scope}_pointwise`.
+
+  Both are siblings in the current variable scope (not nested under
+  `scope/`), each with its own BatchNorm and activation.
+  """
+  x = depthwise_conv2d(x, kernel_size, depthwise_params or params,
+                       scope + '_depthwise', rate=rate)
+  return conv2d(x, num_outputs, 1, params, scope + '_pointwise')
+
+
+def fixed_padding(x, kernel_size, rate=1):
+  """Pads H and W so a VALID strided conv sees the input as SAME would at
+  stride 1, independently of the input size (xception and resnet)."""
+  effective = kernel_size + (kernel_size - 1) * (rate - 1)
+  total = effective - 1
+  beg = total // 2
+  end = total - beg
+  return tf.pad(x, [[0, 0], [beg, end], [beg, end], [0, 0]])

@@ -1,0 +1,78 @@
+"""Backbones registered by `model_variant` name.
+
+Each backbone module registers itself at import time:
+
+    @registry.register('xception_65', mean_pixel=..., ...)
+    def build(images, options, is_training, bn_training, weight_decay):
+      ...
+      return features, end_points
+
+To add a backbone: write a module under `deeplab_train/model/`, decorate its
+builder with `register`, and import the module in `model/__init__.py`.
+"""
+import dataclasses
+from typing import Callable, Dict, Optional, Tuple
+
+from deeplab_train.config import ConfigError
+
+# Normalisation of the inputs, by family.
+INCEPTION_MEAN_PIXEL = (127.5, 127.5, 127.5)   # (2/255) * x - 1
+IMAGENET_MEAN_RGB = (123.15, 115.90, 103.06)   # plain resnet_v1_50/101
+
+
+@dataclasses.dataclass(frozen=True)
+class Backbone:
+  """A registered feature extractor.
+
+  Attributes:
+    name: the model_variant.
+    build: fn(images, options, is_training, bn_training, weight_decay)
+      -> (features, end_points). `images` are already normalised; variables
+      are created under `scope`. `end_points` maps names (as listed in
+      `decoder_end_points`) to tensors.
+    scope: top-level variable scope of the backbone (e.g. 'MobilenetV2').
+    mean_pixel: the RGB value that normalises to 0 (used for padding).
+    normalize: fn(float images in [0, 255]) -> network input.
+    decoder_end_points: {output_stride: (end point names, ...)} for the
+      decoder's feature projections.
+    default_weight_decay: the original's default for this family.
+  """
+  name: str
+  build: Callable
+  scope: str
+  mean_pixel: Tuple[float, float, float]
+  normalize: Callable
+  decoder_end_points: Dict[int, Tuple[str, ...]]
+  default_weight_decay: Optional[float] = None
+
+
+_REGISTRY: Dict[str, Backbone] = {}
+
+
+def register(name, **spec):
+  """Decorator registering `build` under `name` with the Backbone fields."""
+  def wrap(build):
+    if name in _REGISTRY:
+      raise ValueError('backbone %r registered twice' % name)
+    _REGISTRY[name] = Backbone(name=name, build=build, **spec)
+    return build
+  return wrap
+
+
+def known_variants():
+  return sorted(_REGISTRY)
+
+
+def get(name) -> Backbone:
+  """The registered backbone, or ConfigError listing the known names."""
+  # Importing the package registers every backbone module.
+  import deeplab_train.model  # pylint: disable=g-import-not-at-top,unused-import
+  try:
+    return _REGISTRY[name]
+  except KeyError:
+    raise ConfigError('unknown --model_variant=%r; known variants: %s'
+                      % (name, ', '.join(known_variants()))) from None
+
+
+def mean_pixel(name):
+  return get(name).mean_pixel

@@ -1,0 +1,4 @@
+"""Setuptools shim; the metadata lives in setup.cfg."""
+import setuptools
+
+setuptools.setup()
