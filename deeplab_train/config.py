@@ -10,6 +10,7 @@ Each area owns one section of this file; keep edits inside your section.
 """
 import dataclasses
 import json
+import os
 from typing import Optional, Tuple
 
 
@@ -180,6 +181,67 @@ class PreprocessOptions(_JsonMixin):
     if self.scale_factor_step_size < 0:
       raise ConfigError('--scale_factor_step_size must be >= 0')
     return self
+
+
+# ---------------------------------------------------------------------------
+# The model config saved beside the checkpoints (written by deeplab-train,
+# read by deeplab-eval, deeplab-vis and deeplab-export).
+# ---------------------------------------------------------------------------
+RUN_CONFIG_FILENAME = 'deeplab_config.json'
+
+
+def save_run_config(logdir, model_options, preprocess_options, dataset):
+  """Atomically writes `deeplab_config.json` into `logdir`.
+
+  Args:
+    logdir: the training directory.
+    model_options: ModelOptions.
+    preprocess_options: PreprocessOptions (resize settings matter at export).
+    dataset: dict with at least 'name', 'num_classes', 'ignore_label'.
+
+  Returns:
+    The path written.
+  """
+  path = os.path.join(logdir, RUN_CONFIG_FILENAME)
+  payload = {'model_options': model_options.to_dict(),
+             'preprocess_options': preprocess_options.to_dict(),
+             'dataset': dict(dataset)}
+  tmp = '%s.tmp-%d' % (path, os.getpid())
+  with open(tmp, 'w') as f:
+    json.dump(payload, f, indent=1, sort_keys=True)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+  return path
+
+
+def load_run_config(logdir_or_file):
+  """Reads what `save_run_config` wrote.
+
+  Args:
+    logdir_or_file: the training directory, or the JSON file itself.
+
+  Returns:
+    (ModelOptions, PreprocessOptions, dataset dict), or None when there is no
+    saved config (e.g. a model-zoo checkpoint directory).
+
+  Raises:
+    ConfigError: the file exists but cannot be read.
+  """
+  path = logdir_or_file
+  if os.path.isdir(path):
+    path = os.path.join(path, RUN_CONFIG_FILENAME)
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path) as f:
+      payload = json.load(f)
+    return (ModelOptions.from_dict(payload['model_options']),
+            PreprocessOptions.from_dict(payload['preprocess_options']),
+            payload['dataset'])
+  except (ValueError, KeyError, TypeError) as e:
+    raise ConfigError('%s is not a valid deeplab config (%s); delete it and '
+                      'pass the model flags instead' % (path, e)) from None
 
 
 # ---------------------------------------------------------------------------
