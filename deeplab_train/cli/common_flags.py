@@ -1,0 +1,187 @@
+"""Flags shared by deeplab-train, -eval, -vis and -export.
+
+The names and defaults are the original DeepLab's (common.py and the per-command
+scripts), so existing command lines keep working. Importing this module defines
+them once; each command module defines only its own extra flags.
+
+The model options saved in a train logdir (`deeplab_config.json`) win over
+flag defaults; a model flag given explicitly that contradicts them is an
+error, so eval/vis/export never silently build a different network than the
+one that was trained.
+"""
+from absl import flags
+
+from deeplab_train import config
+
+FLAGS = flags.FLAGS
+
+# Dataset.
+flags.DEFINE_string('dataset', 'pascal_voc_seg',
+                    'Dataset name: pascal_voc_seg, cityscapes, ade20k, or any '
+                    'dataset described by a dataset.json in --dataset_dir.')
+flags.DEFINE_string('dataset_dir', None, 'Folder of the TFRecord shards.')
+
+# Preprocessing (also applied at export time).
+flags.DEFINE_integer('min_resize_value', None,
+                     'Desired size of the smaller image side.')
+flags.DEFINE_integer('max_resize_value', None,
+                     'Maximum allowed size of the larger image side.')
+flags.DEFINE_integer('resize_factor', None,
+                     'Resized dimensions are multiple of factor plus one.')
+
+# Model (the original's common.py and per-command model flags).
+flags.DEFINE_string('model_variant', 'mobilenet_v2', 'DeepLab model variant.')
+flags.DEFINE_multi_integer('atrous_rates', None,
+                           'Atrous rates for atrous spatial pyramid pooling '
+                           '(repeat the flag: --atrous_rates=6 --atrous_rates=12).')
+flags.DEFINE_integer('output_stride', 16,
+                     'Ratio of input to output spatial resolution.')
+flags.DEFINE_list('decoder_output_stride', None,
+                  'Comma-separated output strides of the decoder stages, '
+                  'e.g. 4; not set: no decoder.')
+flags.DEFINE_boolean('decoder_use_separable_conv', True,
+                     'Employ separable convolution for decoder or not.')
+flags.DEFINE_multi_float('image_pyramid', None,
+                         'Input scales for multi-scale feature extraction.')
+flags.DEFINE_boolean('add_image_level_feature', True,
+                     'Add image level feature.')
+flags.DEFINE_list('image_pooling_crop_size', None,
+                  'Image pooling crop size [height, width] used in the ASPP '
+                  'module; not set: the crop size.')
+flags.DEFINE_list('image_pooling_stride', '1,1',
+                  'Image pooling stride [height, width] used in the ASPP '
+                  'image pooling module.')
+flags.DEFINE_boolean('aspp_with_batch_norm', True,
+                     'Use batch norm parameters for ASPP or not.')
+flags.DEFINE_boolean('aspp_with_separable_conv', True,
+                     'Use separable convolution for ASPP or not.')
+flags.DEFINE_multi_integer('multi_grid', None,
+                           'Employ a hierarchy of atrous rates for ResNet.')
+flags.DEFINE_float('depth_multiplier', 1.0,
+                   'Multiplier for the depth (number of channels) of all '
+                   'convolution ops used in MobileNet.')
+flags.DEFINE_integer('divisible_by', None,
+                     'An integer that ensures the layer # channels are '
+                     'divisible by this value. Used in MobileNet.')
+flags.DEFINE_integer('logits_kernel_size', 1,
+                     'The kernel size for the convolutional kernel that '
+                     'generates logits.')
+flags.DEFINE_enum('merge_method', 'max', ['max', 'avg'],
+                  'Scheme to merge multi scale features.')
+flags.DEFINE_boolean('prediction_with_upsampled_logits', True,
+                     'Upsample logits before argmax (True) or argmax then '
+                     'upsample the labels (False).')
+flags.DEFINE_boolean('use_bounded_activation', False,
+                     'Use bounded activations (relu6) in ASPP and decoder.')
+flags.DEFINE_integer('aspp_convs_filters', 256,
+                     'Number of filters in the ASPP convolutions.')
+flags.DEFINE_integer('decoder_filters', 256,
+                     'Number of filters in the decoder convolutions.')
+flags.DEFINE_float('batch_norm_decay', 0.9997,
+                   'Batch norm decay of the ASPP and decoder layers.')
+
+# ModelOptions field -> flag name, for the fields set from flags.
+_MODEL_FLAGS = (
+    'model_variant', 'atrous_rates', 'output_stride', 'decoder_output_stride',
+    'decoder_use_separable_conv', 'add_image_level_feature',
+    'image_pooling_crop_size', 'image_pooling_stride', 'aspp_with_batch_norm',
+    'aspp_with_separable_conv', 'multi_grid', 'depth_multiplier',
+    'divisible_by', 'logits_kernel_size', 'merge_method',
+    'prediction_with_upsampled_logits', 'use_bounded_activation',
+    'aspp_convs_filters', 'decoder_filters', 'batch_norm_decay')
+_RESIZE_FLAGS = ('min_resize_value', 'max_resize_value', 'resize_factor')
+
+
+def parse_int_list(value, flag_name):
+  """'513,513' or ['513', '513'] -> (513, 513); a clear error otherwise."""
+  if value is None:
+    return None
+  if isinstance(value, str):
+    value = value.split(',')
+  try:
+    return tuple(int(v) for v in value if str(v).strip() != '')
+  except ValueError:
+    raise config.ConfigError('--%s must be comma-separated integers, got %r'
+                             % (flag_name, ','.join(map(str, value)))) from None
+
+
+def _flag_model_values():
+  values = {name: FLAGS[name].value for name in _MODEL_FLAGS}
+  for name in ('decoder_output_stride', 'image_pooling_crop_size',
+               'image_pooling_stride'):
+    values[name] = parse_int_list(values[name], name)
+  return values
+
+
+def explicitly_set(name):
+  """True when the user gave --name (on the command line or a flagfile)."""
+  return FLAGS[name].present > 0
+
+
+def model_options(num_classes, crop_size, saved=None):
+  """ModelOptions from the model flags, reconciled with saved options.
+
+  Args:
+    num_classes: classes of the dataset (or --num_classes for export).
+    crop_size: (height, width) the graph is built for, or None.
+    saved: ModelOptions read from a train logdir, or None (e.g. a model-zoo
+      checkpoint: the flags then describe the network).
+
+  Returns:
+    A validated ModelOptions.
+
+  Raises:
+    config.ConfigError: an explicit model flag contradicts the saved options.
+  """
+  values = _flag_model_values()
+  if saved is not None:
+    conflicts = []
+    for name, value in values.items():
+      saved_value = getattr(saved, name)
+      if explicitly_set(name) and _normalise(value) != _normalise(saved_value):
+        conflicts.append('--%s=%s (trained with %s)'
+                         % (name, _show(value), _show(saved_value)))
+    if saved.num_classes != num_classes:
+      conflicts.append('num_classes %d (trained with %d)'
+                       % (num_classes, saved.num_classes))
+    if conflicts:
+      raise config.ConfigError(
+          'model flags contradict the options saved with the checkpoint (%s): '
+          '%s. Drop these flags; the saved options are used.'
+          % (config.RUN_CONFIG_FILENAME, '; '.join(conflicts)))
+    return saved.replace(crop_size=crop_size).validate()
+  return config.ModelOptions(num_classes=num_classes, crop_size=crop_size,
+                             **values).validate()
+
+
+def resize_values(saved=None):
+  """{'min_resize_value': .., 'max_resize_value': .., 'resize_factor': ..}.
+
+  Saved preprocess options win over defaults; an explicit contradicting
+  flag is an error, as for the model flags.
+  """
+  values = {name: FLAGS[name].value for name in _RESIZE_FLAGS}
+  if saved is None:
+    return values
+  conflicts = ['--%s=%s (trained with %s)' % (n, values[n], getattr(saved, n))
+               for n in _RESIZE_FLAGS
+               if explicitly_set(n) and values[n] != getattr(saved, n)]
+  if conflicts:
+    raise config.ConfigError(
+        'resize flags contradict the options saved with the checkpoint: %s'
+        % '; '.join(conflicts))
+  return {n: getattr(saved, n) for n in _RESIZE_FLAGS}
+
+
+def _normalise(value):
+  if isinstance(value, (list, tuple)):
+    return tuple(value)
+  if isinstance(value, float):
+    return round(value, 9)
+  return value
+
+
+def _show(value):
+  if isinstance(value, (list, tuple)):
+    return ','.join(str(v) for v in value)
+  return str(value)
