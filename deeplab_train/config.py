@@ -158,6 +158,7 @@ class PreprocessOptions(_JsonMixin):
   """The original's input_preprocess settings.
 
   Resize options also apply at export time (they are saved with the model).
+  `crop_size` None (evaluation only) means images are not padded.
   """
   crop_size: Tuple[int, int] = (513, 513)
   min_resize_value: Optional[int] = None
@@ -171,9 +172,14 @@ class PreprocessOptions(_JsonMixin):
     object.__setattr__(self, 'crop_size', _tuple_or_none(self.crop_size))
 
   def validate(self):
-    if len(self.crop_size) != 2 or min(self.crop_size) < 1:
+    if self.crop_size is not None and (
+        len(self.crop_size) != 2 or min(self.crop_size) < 1):
       raise ConfigError('crop size must be HEIGHT,WIDTH with positive values, '
                         'got %s' % (self.crop_size,))
+    for flag in ('min_resize_value', 'max_resize_value', 'resize_factor'):
+      if getattr(self, flag) is not None and getattr(self, flag) < 1:
+        raise ConfigError('--%s must be >= 1 (or unset), got %s'
+                          % (flag, getattr(self, flag)))
     if self.min_scale_factor <= 0 or self.max_scale_factor < self.min_scale_factor:
       raise ConfigError('--min_scale_factor must be > 0 and <= '
                         '--max_scale_factor (got %g, %g)'
@@ -247,8 +253,323 @@ def load_run_config(logdir_or_file):
 # ---------------------------------------------------------------------------
 # Training (owner: train/). Added by the trainer.
 # ---------------------------------------------------------------------------
+LEARNING_POLICIES = ('poly', 'step', 'cosine')
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions(_JsonMixin):
+  """What the training graph is built from (towers, loss, optimiser, init).
+
+  Field names are the original train.py flag names; defaults are its
+  defaults, except `weight_decay=None`, which means the backbone family's
+  default (4e-5 for mobilenet_v2 / xception, 1e-4 for resnet).
+  """
+  train_batch_size: int = 8
+  num_clones: int = 1
+  clone_on_cpu: bool = False
+  weight_decay: Optional[float] = None
+  momentum: float = 0.9
+  fine_tune_batch_norm: bool = True
+  image_pyramid: Optional[Tuple[float, ...]] = None
+  # Loss.
+  upsample_logits: bool = True
+  label_weights: Optional[Tuple[float, ...]] = None
+  top_k_percent_pixels: float = 1.0
+  hard_example_mining_step: int = 0
+  # Learning rate.
+  learning_policy: str = 'poly'
+  base_learning_rate: float = 1e-4
+  learning_rate_decay_factor: float = 0.1
+  learning_rate_decay_step: int = 2000
+  learning_power: float = 0.9
+  training_number_of_steps: int = 30000
+  slow_start_step: int = 0
+  slow_start_learning_rate: float = 1e-4
+  last_layer_gradient_multiplier: float = 1.0
+  last_layers_contain_logits_only: bool = False
+  # Initialisation from a checkpoint.
+  tf_initial_checkpoint: Optional[str] = None
+  initialize_last_layer: bool = True
+  # Summaries built into the graph.
+  save_summaries_images: bool = False
+
+  def __post_init__(self):
+    set_ = lambda k, v: object.__setattr__(self, k, v)
+    set_('image_pyramid', _tuple_or_none(self.image_pyramid, float) or None)
+    set_('label_weights', _tuple_or_none(self.label_weights, float) or None)
+
+  @property
+  def clone_batch_size(self):
+    return self.train_batch_size // self.num_clones
+
+  def validate(self):
+    """Raises ConfigError naming the offending flag; returns self."""
+    def need(ok, message):
+      if not ok:
+        raise ConfigError(message)
+    need(self.train_batch_size >= 1,
+         '--train_batch_size must be >= 1, got %d' % self.train_batch_size)
+    need(self.num_clones >= 1,
+         '--num_clones must be >= 1, got %d' % self.num_clones)
+    need(self.train_batch_size % self.num_clones == 0,
+         '--train_batch_size=%d is not divisible by --num_clones=%d: each '
+         'tower takes an equal share of the batch; use a batch size that is '
+         'a multiple of %d' % (self.train_batch_size, self.num_clones,
+                               self.num_clones))
+    need(self.weight_decay is None or self.weight_decay >= 0,
+         '--weight_decay must be >= 0')
+    need(0 <= self.momentum < 1, '--momentum must be in [0, 1)')
+    need(0 < self.top_k_percent_pixels <= 1,
+         '--top_k_percent_pixels must be in (0, 1], got %g'
+         % self.top_k_percent_pixels)
+    need(self.hard_example_mining_step >= 0,
+         '--hard_example_mining_step must be >= 0')
+    need(self.learning_policy in LEARNING_POLICIES,
+         '--learning_policy must be one of %s, got %r'
+         % ('/'.join(LEARNING_POLICIES), self.learning_policy))
+    need(self.base_learning_rate >= 0, '--base_learning_rate must be >= 0')
+    need(self.training_number_of_steps >= 1,
+         '--training_number_of_steps must be >= 1')
+    need(0 <= self.slow_start_step < self.training_number_of_steps,
+         '--slow_start_step=%d must be >= 0 and smaller than '
+         '--training_number_of_steps=%d'
+         % (self.slow_start_step, self.training_number_of_steps))
+    need(self.learning_rate_decay_step >= 1,
+         '--learning_rate_decay_step must be >= 1')
+    need(self.last_layer_gradient_multiplier >= 0,
+         '--last_layer_gradient_multiplier must be >= 0')
+    if self.label_weights is not None:
+      need(all(w >= 0 for w in self.label_weights),
+           '--label_weights must be >= 0')
+    if self.image_pyramid is not None:
+      need(all(s > 0 for s in self.image_pyramid),
+           '--image_pyramid scales must be > 0')
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions(_JsonMixin):
+  """How a training run is driven: logdir, checkpoints, stopping, logging.
+
+  Attributes:
+    train_logdir: checkpoints, summaries, deeplab_config.json and the lock.
+    log_steps: a progress line every this many steps.
+    save_interval_secs / save_interval_steps: a checkpoint when either is
+      due (0 or None switches one off); a final one is always written when
+      the run stops normally.
+    save_summaries_secs: TensorBoard summaries interval (0: none).
+    keep_checkpoint_max: checkpoints kept in train_logdir.
+    max_run_seconds: stop (with a checkpoint) after this wall time.
+    num_steps_more: stop after this many more steps than the logdir's
+      checkpoint holds (never past training_number_of_steps).
+    profile_logdir: write Chrome traces of a step every PROFILE_STEPS there.
+    result_json: also write the result as JSON to this file.
+  """
+  train_logdir: str
+  log_steps: int = 10
+  save_interval_secs: Optional[float] = 1200
+  save_interval_steps: Optional[int] = None
+  save_summaries_secs: Optional[float] = 600
+  keep_checkpoint_max: int = 5
+  max_run_seconds: Optional[float] = None
+  num_steps_more: Optional[int] = None
+  profile_logdir: Optional[str] = None
+  result_json: Optional[str] = None
+
+  def validate(self):
+    """Raises ConfigError naming the offending flag; returns self."""
+    if not self.train_logdir:
+      raise ConfigError('--train_logdir is required: the folder for '
+                        'checkpoints and summaries')
+    if self.log_steps < 1:
+      raise ConfigError('--log_steps must be >= 1')
+    for name in ('save_interval_secs', 'save_interval_steps',
+                 'save_summaries_secs'):
+      if (getattr(self, name) or 0) < 0:
+        raise ConfigError('--%s must be >= 0 (0 switches it off)' % name)
+    if self.keep_checkpoint_max < 1:
+      raise ConfigError('--keep_checkpoint_max must be >= 1')
+    if self.max_run_seconds is not None and self.max_run_seconds <= 0:
+      raise ConfigError('--max_run_seconds must be > 0')
+    if self.num_steps_more is not None and self.num_steps_more < 1:
+      raise ConfigError('--num_steps_more must be >= 1')
+    return self
+
+
+def valid_crop_sizes_near(size, output_stride):
+  """The two crop sizes around `size` of the form k * output_stride + 1."""
+  below = (size - 1) // output_stride * output_stride + 1
+  return below, below + output_stride
+
+
+def check_training_setup(model_options, train_options):
+  """Cross-checks of model and training options done before any graph.
+
+  Args:
+    model_options: ModelOptions (its crop_size is the training crop).
+    train_options: TrainOptions.
+
+  Returns:
+    A list of warnings (strings) for the log.
+
+  Raises:
+    ConfigError: crop sizes that do not fit the output stride, or label
+      weights that do not match the class count.
+  """
+  warnings = []
+  stride = model_options.output_stride
+  for size in model_options.crop_size or ():
+    if (size - 1) % stride:
+      lo, hi = valid_crop_sizes_near(size, stride)
+      sizes = ','.join(str(s) for s in model_options.crop_size)
+      raise ConfigError(
+          '--train_crop_size=%s does not fit --output_stride=%d: each size '
+          'must be a multiple of %d plus 1 so that features stay aligned with '
+          'the labels; nearest valid size for %d: %s or %d'
+          % (sizes, stride, stride, size,
+             lo if lo > 1 else '(none below)', hi))
+  weights = train_options.label_weights
+  if weights is not None and len(weights) != model_options.num_classes:
+    raise ConfigError('--label_weights has %d values but the dataset has %d '
+                      'classes: give one weight per class'
+                      % (len(weights), model_options.num_classes))
+  if (train_options.fine_tune_batch_norm
+      and train_options.clone_batch_size < 12):
+    warnings.append(
+        '--fine_tune_batch_norm=true with %d images per tower: batch-norm '
+        'statistics from fewer than 12 images are noisy; use a larger '
+        '--train_batch_size or --fine_tune_batch_norm=false'
+        % train_options.clone_batch_size)
+  return warnings
 
 
 # ---------------------------------------------------------------------------
 # Evaluation / visualisation / export (owner: evaluation/, export/).
 # ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class InferenceOptions(_JsonMixin):
+  """How eval, vis and export run the network on an image.
+
+  Attributes:
+    crop_size: (height, width) every image is padded to (the network is then
+      built for that size); None pads each batch only to the next size
+      k * output_stride + 1 that holds it (eval and vis only).
+    scales: input scales (--eval_scales / --inference_scales); (1.0,) is
+      single-scale inference.
+    add_flipped_images: also run the left-right flipped image.
+    image_pyramid: input scales merged inside the network (--image_pyramid)
+      in single-scale inference; None for (1.0,).
+  """
+  crop_size: Optional[Tuple[int, int]] = None
+  scales: Tuple[float, ...] = (1.0,)
+  add_flipped_images: bool = False
+  image_pyramid: Optional[Tuple[float, ...]] = None
+
+  def __post_init__(self):
+    object.__setattr__(self, 'crop_size', _tuple_or_none(self.crop_size))
+    object.__setattr__(self, 'scales',
+                       _tuple_or_none(self.scales, float) or (1.0,))
+    object.__setattr__(self, 'image_pyramid',
+                       _tuple_or_none(self.image_pyramid, float) or None)
+
+  @property
+  def multi_scale(self):
+    return self.scales != (1.0,) or self.add_flipped_images
+
+  def validate(self, crop_flag='eval_crop_size', scales_flag='eval_scales'):
+    """Raises ConfigError naming the flag."""
+    if self.crop_size is not None and (len(self.crop_size) != 2 or
+                                       min(self.crop_size) < 1):
+      raise ConfigError('--%s must be HEIGHT,WIDTH with positive values, '
+                        'got %s' % (crop_flag, ','.join(map(str, self.crop_size))))
+    if min(self.scales) <= 0:
+      raise ConfigError('--%s must be positive, got %s'
+                        % (scales_flag, ','.join(map(str, self.scales))))
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalOptions(_JsonMixin):
+  """deeplab-eval: which split, how often, where the results go.
+
+  Attributes:
+    split: the split to score (--eval_split).
+    batch_size: images per session run (--eval_batch_size).
+    follow: keep watching the checkpoint dir for new checkpoints; otherwise
+      evaluate the latest (or given) checkpoint once.
+    eval_interval_secs: follow mode: minimum seconds between evaluations.
+    max_number_of_evaluations: follow mode: stop after this many; <= 0 means
+      no limit.
+    timeout_secs: follow mode: stop after waiting this long for a new
+      checkpoint; None waits for ever.
+    result_json: where the JSON result goes (None: eval_logdir/eval_result.json).
+  """
+  split: str = 'val'
+  batch_size: int = 1
+  follow: bool = False
+  eval_interval_secs: float = 300.0
+  max_number_of_evaluations: int = 0
+  timeout_secs: Optional[float] = None
+  result_json: Optional[str] = None
+
+  def validate(self):
+    """Raises ConfigError naming the flag."""
+    if self.batch_size < 1:
+      raise ConfigError('--eval_batch_size must be >= 1, got %d'
+                        % self.batch_size)
+    if self.eval_interval_secs < 0:
+      raise ConfigError('--eval_interval_secs must be >= 0')
+    if self.timeout_secs is not None and self.timeout_secs < 0:
+      raise ConfigError('--eval_timeout_secs must be >= 0')
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class VisOptions(_JsonMixin):
+  """deeplab-vis: what to write for each image.
+
+  Attributes:
+    colormap: 'pascal', 'cityscapes', 'ade20k', or None for the dataset's
+      palette.
+    also_save_raw_predictions: also write single-channel PNGs of class ids.
+    save_overlay: also write image | prediction | blend side by side.
+    max_number_of_images: stop after this many images; <= 0 means all.
+    overlay_alpha: weight of the prediction colours in the blend.
+  """
+  colormap: Optional[str] = None
+  also_save_raw_predictions: bool = False
+  save_overlay: bool = False
+  max_number_of_images: int = 0
+  overlay_alpha: float = 0.5
+
+  def validate(self):
+    """Raises ConfigError naming the flag."""
+    if not 0.0 <= self.overlay_alpha <= 1.0:
+      raise ConfigError('--overlay_alpha must be in [0, 1], got %g'
+                        % self.overlay_alpha)
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportOptions(_JsonMixin):
+  """deeplab-export: the exported graph's preprocessing and outputs.
+
+  Attributes:
+    inference: crop size (required here: images are padded to it, as the
+      original export does), scales and flips.
+    min_resize_value / max_resize_value / resize_factor: resize applied to
+      the input before padding (the training run's values by default).
+    with_probabilities: also export the softmax probabilities.
+  """
+  inference: InferenceOptions = InferenceOptions(crop_size=(513, 513))
+  min_resize_value: Optional[int] = None
+  max_resize_value: Optional[int] = None
+  resize_factor: Optional[int] = None
+  with_probabilities: bool = True
+
+  def validate(self):
+    """Raises ConfigError naming the flag."""
+    if self.inference.crop_size is None:
+      raise ConfigError('--crop_size is required for export')
+    self.inference.validate('crop_size', 'inference_scales')
+    return self

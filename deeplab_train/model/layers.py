@@ -42,6 +42,9 @@ class ConvParams:
     weights_stddev: stddev of the truncated-normal initializer; None uses
       a variance-scaling (He) initializer.
     regularize_depthwise: also regularise depthwise weights.
+    weights_initializer: an explicit initializer for `weights` /
+      `depthwise_weights`; overrides weights_stddev (e.g. slim's default
+      xavier initializer used by the DeepLab head's plain convs).
   """
   weight_decay: float = 0.0
   batch_norm: Optional[BatchNormParams] = BatchNormParams()
@@ -49,6 +52,7 @@ class ConvParams:
   activation: Optional[Callable] = tf.nn.relu
   weights_stddev: Optional[float] = None
   regularize_depthwise: bool = False
+  weights_initializer: Optional[Callable] = None
 
   def replace(self, **changes):
     return dataclasses.replace(self, **changes)
@@ -108,6 +112,8 @@ def _record_update(op):
 
 
 def _initializer(params):
+  if params.weights_initializer is not None:
+    return params.weights_initializer
   if params.weights_stddev is None:
     return tf.variance_scaling_initializer(scale=2.0)
   return tf.truncated_normal_initializer(stddev=params.weights_stddev)
@@ -117,9 +123,15 @@ def _regularizer(scale):
   if not scale:
     return None
 
+  # get_variable calls the regularizer twice for one new variable (once to
+  # test for None, once for its collection): record the loss only once.
+  recorded = []
+
   def l2(w):
     loss = tf.multiply(scale, tf.nn.l2_loss(w), name='l2_regularizer')
-    _record_loss(loss)
+    if not recorded:
+      recorded.append(loss)
+      _record_loss(loss)
     return loss
   return l2
 

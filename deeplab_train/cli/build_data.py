@@ -1,0 +1,131 @@
+"""deeplab-build-data: image + label folders -> sharded TFRecords + dataset.json.
+
+VOC layout (the original converter's flags), every <split>.txt in the list
+folder, or only --split_name:
+
+  deeplab-build-data --image_folder=VOC2012/JPEGImages \\
+      --semantic_segmentation_folder=VOC2012/SegmentationClass \\
+      --list_folder=VOC2012/ImageSets/Segmentation --output_dir=tfrecord
+
+Generic layout: images matched to <stem>.png masks by file stem, one split:
+
+  deeplab-build-data --image_folder=images --masks_folder=masks \\
+      --split_name=train --output_dir=tfrecord --num_classes=6 \\
+      --dataset_name=mydata
+
+Palette ('P') and grey ('L') label PNGs are read as class ids; RGB colour
+labels are converted through --colormap (or refused with
+--noconvert_rgb_labels). Run once per split to add splits to the same
+--output_dir: dataset.json keeps the union of the splits.
+Exit status: 0 done, 1 bad input (one-line message on stderr).
+"""
+import logging
+import sys
+
+from absl import app
+from absl import flags
+
+from deeplab_train.config import ConfigError
+from deeplab_train.data import build
+from deeplab_train.data import colormap
+
+FLAGS = flags.FLAGS
+
+# The original converter's flags and defaults.
+flags.DEFINE_string('image_folder', './VOCdevkit/VOC2012/JPEGImages',
+                    'Folder containing images.')
+flags.DEFINE_string('semantic_segmentation_folder',
+                    './VOCdevkit/VOC2012/SegmentationClassRaw',
+                    'VOC layout: folder containing the label PNGs.')
+flags.DEFINE_string('list_folder',
+                    './VOCdevkit/VOC2012/ImageSets/Segmentation',
+                    'VOC layout: folder of <split>.txt lists of image ids.')
+flags.DEFINE_string('output_dir', './tfrecord',
+                    'Folder for the TFRecord shards and dataset.json.')
+flags.DEFINE_enum('image_format', 'jpg', ['jpg', 'jpeg', 'png'],
+                  'VOC layout: extension of the image files.')
+flags.DEFINE_enum('label_format', 'png', ['png'],
+                  'Extension of the label files.')
+
+# Generic layout.
+flags.DEFINE_string('masks_folder', None,
+                    'Generic layout: folder of <stem>.png label masks, '
+                    'matched to the .jpg/.jpeg/.png images in --image_folder '
+                    'by file stem. Setting it selects the generic layout.')
+flags.DEFINE_string('split_name', None,
+                    'Split to write. Required with --masks_folder; in the '
+                    'VOC layout, convert only <split_name>.txt.')
+
+# Dataset description and validation.
+flags.DEFINE_integer('num_classes', 21,
+                     'Number of classes; label ids must be in '
+                     '[0, num_classes) or --ignore_label.')
+flags.DEFINE_integer('ignore_label', 255, 'Label id of ignored pixels.')
+flags.DEFINE_string('dataset_name', 'pascal_voc_seg',
+                    'Name stored in dataset.json (the --dataset to train '
+                    'with).')
+flags.DEFINE_list('class_names', None,
+                  'Comma-separated class names (num_classes of them) for '
+                  'dataset.json; built-in datasets have their own.')
+flags.DEFINE_enum('colormap', None, colormap.known_colormaps(),
+                  'Palette of RGB colour labels and of dataset.json '
+                  '(default: the dataset\'s own, else pascal).')
+flags.DEFINE_bool('convert_rgb_labels', True,
+                  'Convert RGB colour labels to ids through --colormap; '
+                  'with --noconvert_rgb_labels they are refused.')
+
+# Output.
+flags.DEFINE_integer('num_shards', 4, 'Shards per split.')
+flags.DEFINE_integer('num_workers', None,
+                     'Threads converting shards in parallel (default: one '
+                     'per core, at most --num_shards).')
+
+
+def options_from_flags():
+  return build.BuildOptions(
+      num_classes=FLAGS.num_classes, ignore_label=FLAGS.ignore_label,
+      dataset_name=FLAGS.dataset_name,
+      class_names=tuple(FLAGS.class_names) if FLAGS.class_names else None,
+      colormap=FLAGS.colormap, convert_rgb_labels=FLAGS.convert_rgb_labels,
+      num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers)
+
+
+def convert_from_flags():
+  """Runs the conversion the flags describe; returns the DatasetInfo."""
+  options = options_from_flags().validate()
+  if FLAGS.masks_folder:
+    return build.build_generic(FLAGS.image_folder, FLAGS.masks_folder,
+                               FLAGS.split_name, FLAGS.output_dir, options,
+                               label_format=FLAGS.label_format)
+  return build.build_voc(FLAGS.image_folder,
+                         FLAGS.semantic_segmentation_folder,
+                         FLAGS.list_folder, FLAGS.output_dir, options,
+                         split_name=FLAGS.split_name,
+                         image_format=FLAGS.image_format,
+                         label_format=FLAGS.label_format)
+
+
+def main(argv):
+  if len(argv) > 1:
+    print('deeplab-build-data: error: unexpected arguments %s'
+          % ' '.join(argv[1:]), file=sys.stderr)
+    return 1
+  logging.getLogger('deeplab_train').setLevel(logging.INFO)
+  try:
+    info = convert_from_flags()
+  except ConfigError as e:
+    print('deeplab-build-data: error: %s' % e, file=sys.stderr)
+    return 1
+  print('wrote %s: dataset %r, %d classes, ignore %d, splits %s'
+        % (FLAGS.output_dir, info.name, info.num_classes, info.ignore_label,
+           ', '.join('%s=%d' % kv for kv in sorted(
+               info.splits_to_sizes.items()))))
+  return 0
+
+
+def run():
+  app.run(main)
+
+
+if __name__ == '__main__':
+  run()

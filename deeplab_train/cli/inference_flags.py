@@ -1,0 +1,72 @@
+"""Flags shared by deeplab-eval, deeplab-vis and deeplab-export.
+
+The original scripts each defined these (same names and meanings); here they
+are defined once so the three command modules can be imported together, plus
+the helpers that turn them into the library's option dataclasses.
+"""
+import sys
+
+from absl import flags
+
+from deeplab_train import config
+from deeplab_train.cli import common_flags
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string('checkpoint_dir', None,
+                    'Directory of model checkpoints (the train_logdir); its '
+                    'latest checkpoint is used. A checkpoint prefix also '
+                    'works.')
+flags.DEFINE_multi_float('eval_scales', [1.0],
+                         'The scales to resize images for evaluation '
+                         '(repeat the flag for multi-scale inference).')
+flags.DEFINE_bool('add_flipped_images', False,
+                  'Add left-right flipped images during inference.')
+flags.DEFINE_integer('eval_interval_secs', 60 * 5,
+                     'Follow mode: how often (in seconds) to look for and '
+                     'evaluate a new checkpoint. Giving this flag turns '
+                     'follow mode on.')
+
+# Exit codes of the commands.
+EXIT_OK = 0
+EXIT_UNEXPECTED = 1
+EXIT_BAD_INPUT = 2
+
+
+def parse_crop(value, flag_name):
+  """'65,65' / ['65', '65'] / ['65,65'] -> (65, 65); None stays None."""
+  if value is None:
+    return None
+  if not isinstance(value, str):
+    value = ','.join(str(v) for v in value)
+  crop = common_flags.parse_int_list(value, flag_name)
+  if not crop:
+    return None
+  if len(crop) != 2 or min(crop) < 1:
+    raise config.ConfigError('--%s must be HEIGHT,WIDTH (two positive '
+                             'integers), got %s' % (flag_name, value))
+  return crop
+
+
+def saved_run_config(folder):
+  """(ModelOptions, PreprocessOptions, dataset dict) saved in folder, or Nones."""
+  saved = config.load_run_config(folder) if folder else None
+  return saved if saved is not None else (None, None, None)
+
+
+def preprocess_options(saved_preprocess):
+  """PreprocessOptions with the (reconciled) resize values; no crop."""
+  return config.PreprocessOptions(
+      crop_size=None, **common_flags.resize_values(saved_preprocess)).validate()
+
+
+def fail(command, error):
+  """Prints a user-facing error and returns the bad-input exit code."""
+  print('%s: error: %s' % (command, error), file=sys.stderr)
+  return EXIT_BAD_INPUT
+
+
+def check_no_positional(command, argv):
+  if len(argv) > 1:
+    raise config.ConfigError('unexpected argument(s) %s; %s takes only '
+                             '--flags' % (' '.join(argv[1:]), command))

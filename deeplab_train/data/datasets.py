@@ -1,0 +1,269 @@
+"""Dataset descriptors: class count, ignore label, split sizes, names, palette.
+
+The three datasets of the original DeepLab are built in. Any other dataset is
+described by a `dataset.json` beside its TFRecords (written by
+`deeplab-build-data`), so a new dataset needs no code edit:
+
+    {"name": "shapes", "num_classes": 5, "ignore_label": 255,
+     "splits_to_sizes": {"train": 100, "val": 30},
+     "class_names": ["background", "disk", ...],
+     "palette": "pascal"}          # or [[r, g, b], ...] one per class
+
+`load_dataset_info(name, dataset_dir)` prefers that file over the built-in
+table, so a converted copy of PASCAL with a different split list is described
+by what was actually converted.
+"""
+import dataclasses
+import json
+import logging
+import os
+from typing import Dict, Optional, Tuple, Union
+
+from deeplab_train.config import ConfigError
+from deeplab_train.data import colormap as colormap_lib
+
+DATASET_JSON = 'dataset.json'
+
+_log = logging.getLogger(__name__)
+
+PASCAL_VOC_CLASSES = (
+    'background', 'aeroplane', 'bicycle', 'bird', 'boat', 'bottle', 'bus',
+    'car', 'cat', 'chair', 'cow', 'diningtable', 'dog', 'horse', 'motorbike',
+    'person', 'pottedplant', 'sheep', 'sofa', 'train', 'tvmonitor')
+
+CITYSCAPES_CLASSES = (
+    'road', 'sidewalk', 'building', 'wall', 'fence', 'pole', 'traffic light',
+    'traffic sign', 'vegetation', 'terrain', 'sky', 'person', 'rider', 'car',
+    'truck', 'bus', 'train', 'motorcycle', 'bicycle')
+
+# Id 0 is "other" (also the ignore label); 1..150 are the benchmark classes.
+ADE20K_CLASSES = ('other',) + (
+    'wall', 'building', 'sky', 'floor', 'tree', 'ceiling', 'road', 'bed',
+    'windowpane', 'grass', 'cabinet', 'sidewalk', 'person', 'earth', 'door',
+    'table', 'mountain', 'plant', 'curtain', 'chair', 'car', 'water',
+    'painting', 'sofa', 'shelf', 'house', 'sea', 'mirror', 'rug', 'field',
+    'armchair', 'seat', 'fence', 'desk', 'rock', 'wardrobe', 'lamp',
+    'bathtub', 'railing', 'cushion', 'base', 'box', 'column', 'signboard',
+    'chest of drawers', 'counter', 'sand', 'sink', 'skyscraper', 'fireplace',
+    'refrigerator', 'grandstand', 'path', 'stairs', 'runway', 'case',
+    'pool table', 'pillow', 'screen door', 'stairway', 'river', 'bridge',
+    'bookcase', 'blind', 'coffee table', 'toilet', 'flower', 'book', 'hill',
+    'bench', 'countertop', 'stove', 'palm', 'kitchen island', 'computer',
+    'swivel chair', 'boat', 'bar', 'arcade machine', 'hovel', 'bus', 'towel',
+    'light', 'truck', 'tower', 'chandelier', 'awning', 'streetlight', 'booth',
+    'television receiver', 'airplane', 'dirt track', 'apparel', 'pole',
+    'land', 'bannister', 'escalator', 'ottoman', 'bottle', 'buffet',
+    'poster', 'stage', 'van', 'ship', 'fountain', 'conveyer belt', 'canopy',
+    'washer', 'plaything', 'swimming pool', 'stool', 'barrel', 'basket',
+    'waterfall', 'tent', 'bag', 'minibike', 'cradle', 'oven', 'ball', 'food',
+    'step', 'tank', 'trade name', 'microwave', 'pot', 'animal', 'bicycle',
+    'lake', 'dishwasher', 'screen', 'blanket', 'sculpture', 'hood', 'sconce',
+    'vase', 'traffic light', 'tray', 'ashcan', 'fan', 'pier', 'crt screen',
+    'plate', 'monitor', 'bulletin board', 'shower', 'radiator', 'glass',
+    'clock', 'flag')
+
+Palette = Union[str, Tuple[Tuple[int, int, int], ...], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+  """What the trainer and evaluator need to know about a dataset.
+
+  Attributes:
+    name: dataset name (the --dataset flag).
+    num_classes: classes including background, i.e. label ids 0..n-1.
+    ignore_label: label id excluded from loss and metrics.
+    splits_to_sizes: {split name: number of images}.
+    class_names: one name per class id, or None when unknown.
+    palette: a colormap name ('pascal', 'cityscapes', 'ade20k'), a tuple of
+      (r, g, b) per class, or None (then 'pascal' is used for display).
+  """
+  name: str
+  num_classes: int
+  ignore_label: int
+  splits_to_sizes: Dict[str, int]
+  class_names: Optional[Tuple[str, ...]] = None
+  palette: Palette = None
+
+  def __post_init__(self):
+    set_ = lambda k, v: object.__setattr__(self, k, v)
+    set_('splits_to_sizes', {str(k): int(v)
+                             for k, v in dict(self.splits_to_sizes).items()})
+    if self.class_names is not None:
+      set_('class_names', tuple(str(c) for c in self.class_names))
+    if self.palette is not None and not isinstance(self.palette, str):
+      set_('palette', tuple(tuple(int(v) for v in c) for c in self.palette))
+
+  __hash__ = None  # splits_to_sizes is a dict
+
+  def validate(self, source='dataset info'):
+    """Checks the fields are consistent.
+
+    Args:
+      source: what to name in the error (e.g. the dataset.json path).
+
+    Returns:
+      self.
+
+    Raises:
+      ConfigError: naming `source` and the bad field.
+    """
+    if not isinstance(self.num_classes, int) or self.num_classes < 1:
+      raise ConfigError('%s: num_classes must be a positive integer, got %r'
+                        % (source, self.num_classes))
+    if not isinstance(self.ignore_label, int) or self.ignore_label < 0:
+      raise ConfigError('%s: ignore_label must be a non-negative integer, '
+                        'got %r' % (source, self.ignore_label))
+    for split, size in self.splits_to_sizes.items():
+      if size < 0:
+        raise ConfigError('%s: split %r has negative size %d'
+                          % (source, split, size))
+    if (self.class_names is not None and
+        len(self.class_names) != self.num_classes):
+      raise ConfigError('%s: %d class_names for num_classes=%d'
+                        % (source, len(self.class_names), self.num_classes))
+    try:
+      colormap_lib.as_colormap(self.display_palette())
+    except ValueError as e:
+      raise ConfigError('%s: bad palette: %s' % (source, e)) from None
+    return self
+
+  def display_palette(self):
+    return 'pascal' if self.palette is None else self.palette
+
+  def colormap(self):
+    """uint8 [>=256, 3] colours for this dataset's class ids."""
+    return colormap_lib.as_colormap(self.display_palette())
+
+  def to_dict(self):
+    palette = self.palette
+    if palette is not None and not isinstance(palette, str):
+      palette = [list(c) for c in palette]
+    return {'name': self.name, 'num_classes': self.num_classes,
+            'ignore_label': self.ignore_label,
+            'splits_to_sizes': dict(self.splits_to_sizes),
+            'class_names': (list(self.class_names)
+                            if self.class_names is not None else None),
+            'palette': palette}
+
+  @classmethod
+  def from_dict(cls, d, source='dataset info'):
+    """Builds a DatasetInfo from a dict (e.g. a parsed dataset.json).
+
+    Raises:
+      ConfigError: missing or unknown keys, or inconsistent values.
+    """
+    if not isinstance(d, dict):
+      raise ConfigError('%s: expected a JSON object' % source)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+      raise ConfigError('%s: unknown key(s) %s; known keys: %s'
+                        % (source, unknown, sorted(known)))
+    missing = [k for k in ('num_classes', 'ignore_label') if k not in d]
+    if missing:
+      raise ConfigError('%s: missing key(s) %s' % (source, missing))
+    d = dict(d)
+    d.setdefault('name', 'custom')
+    d.setdefault('splits_to_sizes', {})
+    try:
+      info = cls(**d)
+    except (TypeError, ValueError) as e:
+      raise ConfigError('%s: %s' % (source, e)) from None
+    return info.validate(source)
+
+
+BUILTIN_DATASETS = {
+    'pascal_voc_seg': DatasetInfo(
+        name='pascal_voc_seg', num_classes=21, ignore_label=255,
+        splits_to_sizes={'train': 1464, 'train_aug': 10582,
+                         'trainval': 2913, 'val': 1449},
+        class_names=PASCAL_VOC_CLASSES, palette='pascal'),
+    'cityscapes': DatasetInfo(
+        name='cityscapes', num_classes=19, ignore_label=255,
+        splits_to_sizes={'train': 2975, 'val': 500},
+        class_names=CITYSCAPES_CLASSES, palette='cityscapes'),
+    'ade20k': DatasetInfo(
+        name='ade20k', num_classes=151, ignore_label=0,
+        splits_to_sizes={'train': 20210, 'val': 2000},
+        class_names=ADE20K_CLASSES, palette='ade20k'),
+}
+
+
+def read_dataset_json(dataset_dir):
+  """The DatasetInfo in `dataset_dir/dataset.json`, or None if absent.
+
+  Raises:
+    ConfigError: the file exists but is not a valid descriptor.
+  """
+  path = os.path.join(dataset_dir, DATASET_JSON)
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path) as f:
+      payload = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ConfigError('%s is not valid JSON (%s); fix or delete it'
+                      % (path, e)) from None
+  return DatasetInfo.from_dict(payload, source=path)
+
+
+def load_dataset_info(name, dataset_dir=None):
+  """Describes the dataset to train or evaluate on.
+
+  A `dataset.json` in `dataset_dir` wins over the built-in table: it says
+  what was actually converted and works for any dataset.
+
+  Args:
+    name: the --dataset flag value.
+    dataset_dir: the folder holding the TFRecords (may be None).
+
+  Returns:
+    A DatasetInfo.
+
+  Raises:
+    ConfigError: neither a dataset.json nor a built-in dataset of that name.
+  """
+  if dataset_dir:
+    info = read_dataset_json(dataset_dir)
+    if info is not None:
+      if name and info.name != name:
+        _log.warning('--dataset=%s but %s describes dataset %r; using the '
+                     'file', name, os.path.join(dataset_dir, DATASET_JSON),
+                     info.name)
+      return info
+  if name in BUILTIN_DATASETS:
+    return BUILTIN_DATASETS[name]
+  where = (os.path.join(dataset_dir, DATASET_JSON) if dataset_dir
+           else 'DATASET_DIR/%s' % DATASET_JSON)
+  raise ConfigError(
+      'unknown dataset %r and no %s: use a built-in dataset (%s) or write '
+      'the descriptor with deeplab-build-data (or by hand: num_classes, '
+      'ignore_label, splits_to_sizes)'
+      % (name, where, ', '.join(sorted(BUILTIN_DATASETS))))
+
+
+def write_dataset_json(dataset_dir, info):
+  """Atomically writes `info` as `dataset_dir/dataset.json`.
+
+  Args:
+    dataset_dir: existing folder.
+    info: a DatasetInfo (validated before writing).
+
+  Returns:
+    The path written.
+  """
+  path = os.path.join(dataset_dir, DATASET_JSON)
+  info.validate(path)
+  tmp = os.path.join(dataset_dir, '.%s.tmp-%d' % (DATASET_JSON, os.getpid()))
+  try:
+    with open(tmp, 'w') as f:
+      json.dump(info.to_dict(), f, indent=1, sort_keys=True)
+      f.write('\n')
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return path

@@ -1,0 +1,282 @@
+"""The tf.data input pipeline: TFRecord shards -> batches of samples.
+
+`make_dataset` lists a split's shards, interleaves their readers, shuffles
+the serialized records (training), repeats (training), then in parallel
+parses, decodes, validates and preprocesses each record, batches and
+prefetches. Each sample is a dict with the original DeepLab's keys:
+
+  'image'          float32 [B, H, W, 3], raw 0-255 values, padded with the
+                   mean pixel;
+  'label'          int32 [B, H, W, 1] (absent for unlabelled splits);
+  'image_name'     string [B] ('image/filename' of the record);
+  'height'/'width' int64 [B], size of the stored image;
+  'original_image' uint8 [B, H0, W0, 3], only when `keep_original_image`
+                   (by default: evaluation with batch size 1).
+
+Records are checked in the graph: the label must exist, match the image size
+and hold only ids in [0, num_classes) or the ignore label; otherwise the
+iterator raises InvalidArgumentError naming the image. The pipeline works
+eagerly and inside a tf.Graph (make_one_shot_iterator / get_next).
+"""
+import os
+import random
+
+import tensorflow.compat.v1 as tf
+
+from deeplab_train.config import ConfigError
+from deeplab_train.data import datasets
+from deeplab_train.data import preprocess
+from deeplab_train.data import tfrecord
+
+IMAGE = 'image'
+LABEL = 'label'
+IMAGE_NAME = 'image_name'
+HEIGHT = 'height'
+WIDTH = 'width'
+ORIGINAL_IMAGE = 'original_image'
+
+AUTOTUNE = tf.data.experimental.AUTOTUNE
+DEFAULT_SHUFFLE_BUFFER = 100  # records, as the original
+
+
+# ---------------------------------------------------------------------------
+# Finding the shards.
+# ---------------------------------------------------------------------------
+def _splits_present(dataset_dir):
+  names = set()
+  for f in os.listdir(dataset_dir):
+    parsed = tfrecord.parse_shard_filename(f)
+    if parsed and not f.startswith('.'):
+      names.add(parsed[0])
+  return sorted(names)
+
+
+def _check_complete(files, split):
+  """Standard `-of-N` shard sets must have all N shards."""
+  totals = {}
+  for path in files:
+    parsed = tfrecord.parse_shard_filename(path)
+    if parsed and parsed[0] == split:
+      totals.setdefault(parsed[2], set()).add(parsed[1])
+  for total, indices in totals.items():
+    missing = sorted(set(range(total)) - indices)
+    if missing:
+      raise ConfigError(
+          'split %r is incomplete: shard(s) %s of %d missing in %s; rebuild '
+          'the split with deeplab-build-data'
+          % (split, ', '.join(tfrecord.shard_filename(split, i, total)
+                              for i in missing[:4]), total,
+             os.path.dirname(files[0])))
+
+
+def split_files(dataset_dir, split):
+  """The TFRecord files of `split`, checked to be present and non-empty.
+
+  Raises:
+    ConfigError: missing folder, no `{split}-*` files, only empty files, or
+      an incomplete shard set.
+  """
+  if not dataset_dir or not os.path.isdir(dataset_dir):
+    raise ConfigError('--dataset_dir=%s is not a folder' % dataset_dir)
+  files = tfrecord.list_split_files(dataset_dir, split)
+  if not files:
+    present = _splits_present(dataset_dir)
+    raise ConfigError(
+        'no TFRecords for split %r in %s (pattern %s); splits found: %s. '
+        'Check the split flag or convert the data with deeplab-build-data'
+        % (split, dataset_dir, tfrecord.shard_pattern(split),
+           ', '.join(present) or 'none'))
+  if all(os.path.getsize(f) == 0 for f in files):
+    raise ConfigError('split %r in %s has no records (all %d files are '
+                      'empty)' % (split, dataset_dir, len(files)))
+  _check_complete(files, split)
+  return files
+
+
+# ---------------------------------------------------------------------------
+# Per-record graph.
+# ---------------------------------------------------------------------------
+def _assert_label_present(features, name):
+  present = tf.strings.length(features[tfrecord.LABEL_ENCODED]) > 0
+  return tf.Assert(present, ['record has no label '
+                             '(image/segmentation/class/encoded); image:',
+                             name])
+
+
+def _assert_same_size(image, label, name):
+  image_hw = tf.shape(image)[:2]
+  label_hw = tf.shape(label)[:2]
+  return tf.Assert(tf.reduce_all(tf.equal(image_hw, label_hw)),
+                   ['image and label sizes differ; image, its HxW, label HxW:',
+                    name, image_hw, label_hw])
+
+
+def label_range_assertion(label, name, num_classes, ignore_label):
+  """An Assert op failing when `label` holds ids outside the valid set.
+
+  The message names the image and lists the offending values, with a hint
+  for the classic mistake (palette PNGs stored as-is decode to grey levels).
+  """
+  flat = tf.reshape(tf.cast(label, tf.int32), [-1])
+  valid = tf.logical_or(tf.logical_and(flat >= 0, flat < num_classes),
+                        tf.equal(flat, ignore_label))
+  all_valid = tf.reduce_all(valid)
+  bad_values = tf.cond(
+      all_valid, lambda: tf.zeros([0], tf.int32),
+      lambda: tf.unique(tf.boolean_mask(flat, tf.logical_not(valid)))[0])
+  message = (
+      'label values outside [0, %d) and not the ignore label %d (a colour '
+      'palette PNG stored as-is decodes to grey levels 38, 75, ...: rebuild '
+      'the TFRecords with deeplab-build-data, or fix num_classes / '
+      'ignore_label in dataset.json); image, bad values:'
+      % (num_classes, ignore_label))
+  return tf.Assert(all_valid, [message, name, bad_values], summarize=20)
+
+
+def parse_and_decode(serialized, dataset_info, with_label=True):
+  """Parses one record and decodes + validates its image and label.
+
+  Returns:
+    (image uint8 [H, W, 3], label uint8 [H, W, 1] or None, name string).
+  """
+  features = tfrecord.parse_example(serialized)
+  name = features[tfrecord.IMAGE_FILENAME]
+  image = tfrecord.decode_image(features[tfrecord.IMAGE_ENCODED], 3)
+  if not with_label:
+    return image, None, name
+  with tf.control_dependencies([_assert_label_present(features, name)]):
+    label = tfrecord.decode_image(features[tfrecord.LABEL_ENCODED], 1)
+  checks = [_assert_same_size(image, label, name),
+            label_range_assertion(label, name, dataset_info.num_classes,
+                                  dataset_info.ignore_label)]
+  with tf.control_dependencies(checks):
+    label = tf.identity(label)
+  return image, label, name
+
+
+def _sample_fn(dataset_info, options, is_training, mean_pixel, crop_size,
+               with_label, keep_original_image):
+  def make_sample(serialized, seed):
+    image, label, name = parse_and_decode(serialized, dataset_info,
+                                          with_label)
+    height, width = tf.shape(image)[0], tf.shape(image)[1]
+    original, image, label = preprocess.preprocess_image_and_label(
+        image, label, options, ignore_label=dataset_info.ignore_label,
+        is_training=is_training, mean_pixel=mean_pixel, crop_size=crop_size,
+        seed=seed, name=name)
+    sample = {IMAGE: image, IMAGE_NAME: name,
+              HEIGHT: tf.cast(height, tf.int64),
+              WIDTH: tf.cast(width, tf.int64)}
+    if label is not None:
+      sample[LABEL] = label
+    if keep_original_image:
+      sample[ORIGINAL_IMAGE] = original
+    return sample
+  return make_sample
+
+
+# ---------------------------------------------------------------------------
+# The dataset.
+# ---------------------------------------------------------------------------
+def make_dataset(dataset_dir, split, dataset_info, preprocess_options,
+                 batch_size, is_training, mean_pixel=(127.5, 127.5, 127.5),
+                 crop_size=preprocess.FROM_OPTIONS, num_readers=None,
+                 num_parallel_calls=AUTOTUNE,
+                 shuffle_buffer_size=DEFAULT_SHUFFLE_BUFFER, seed=None,
+                 repeat=None, keep_original_image=None, with_label=None,
+                 prefetch_buffer_size=AUTOTUNE):
+  """Builds the input pipeline of one split.
+
+  Args:
+    dataset_dir: folder of the TFRecord shards.
+    split: split name; shards are `{split}-*`.
+    dataset_info: DatasetInfo (num_classes, ignore_label).
+    preprocess_options: PreprocessOptions.
+    batch_size: samples per batch (training drops the last partial batch).
+    is_training: augment, shuffle and repeat.
+    mean_pixel: RGB padding value of images (the backbone's mean pixel).
+    crop_size: (height, width) or None (eval: no padding, batch size 1);
+      by default `preprocess_options.crop_size`.
+    num_readers: shards read at once (training); default min(4, shards).
+      Evaluation reads the shards in order.
+    num_parallel_calls: parallel decode/preprocess calls (AUTOTUNE).
+    shuffle_buffer_size: records in the shuffle buffer (training).
+    seed: int for a reproducible order and augmentation; None: random.
+    repeat: repeat forever; default is_training.
+    keep_original_image: add 'original_image'; default: eval with batch 1.
+    with_label: decode labels; default: every split but 'test'.
+    prefetch_buffer_size: batches to prefetch (AUTOTUNE).
+
+  Returns:
+    A tf.data.Dataset of sample dicts (see the module docstring).
+
+  Raises:
+    ConfigError: bad split or folder, or inconsistent batch/crop settings.
+  """
+  if crop_size == preprocess.FROM_OPTIONS:
+    crop_size = preprocess_options.crop_size
+  crop_size = tuple(crop_size) if crop_size is not None else None
+  preprocess_options.replace(crop_size=crop_size).validate()
+  if batch_size < 1:
+    raise ConfigError('batch size must be >= 1, got %d' % batch_size)
+  if crop_size is None and batch_size != 1:
+    raise ConfigError('without a crop size images keep their own size, so '
+                      'the batch size must be 1 (got %d); set a crop size to '
+                      'batch them' % batch_size)
+  if is_training and crop_size is None:
+    raise ConfigError('training needs a crop size (--train_crop_size)')
+  if with_label is None:
+    with_label = split != 'test'
+  if is_training and not with_label:
+    raise ConfigError('cannot train on split %r without labels' % split)
+  if repeat is None:
+    repeat = is_training
+  if keep_original_image is None:
+    keep_original_image = not is_training and batch_size == 1
+  files = split_files(dataset_dir, split)
+  base_seed = seed if seed is not None else random.randrange(2**31 - 1)
+  deterministic = seed is not None or not is_training
+
+  records = _read_records(files, is_training, num_readers, base_seed,
+                          deterministic, shuffle_buffer_size)
+  if repeat:
+    records = records.repeat()
+  # Element i is augmented with the stateless seed (base_seed, i), so runs
+  # with the same seed match even with parallel map calls.
+  seeds = tf.data.Dataset.counter().map(
+      lambda i: tf.stack([tf.constant(base_seed, tf.int64), i]))
+  make_sample = _sample_fn(dataset_info, preprocess_options, is_training,
+                           tuple(float(v) for v in mean_pixel), crop_size,
+                           with_label, keep_original_image)
+  samples = tf.data.Dataset.zip((records, seeds)).map(
+      make_sample, num_parallel_calls=num_parallel_calls,
+      deterministic=deterministic)
+  batches = samples.batch(batch_size, drop_remainder=is_training)
+  return batches.prefetch(prefetch_buffer_size)
+
+
+def _read_records(files, is_training, num_readers, seed, deterministic,
+                  shuffle_buffer_size):
+  file_names = tf.data.Dataset.from_tensor_slices(files)
+  if not is_training:
+    return tf.data.TFRecordDataset(file_names)
+  file_names = file_names.shuffle(len(files), seed=seed)
+  cycle = num_readers or min(4, len(files))
+  records = file_names.interleave(
+      tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
+      num_parallel_calls=min(cycle, 4), deterministic=deterministic)
+  return records.shuffle(shuffle_buffer_size, seed=seed,
+                         reshuffle_each_iteration=True)
+
+
+def make_dataset_from_name(dataset_name, dataset_dir, split,
+                           preprocess_options, batch_size, is_training,
+                           **kwargs):
+  """`make_dataset` with the DatasetInfo looked up by name / dataset.json.
+
+  Returns:
+    (tf.data.Dataset, DatasetInfo).
+  """
+  info = datasets.load_dataset_info(dataset_name, dataset_dir)
+  return make_dataset(dataset_dir, split, info, preprocess_options,
+                      batch_size, is_training, **kwargs), info

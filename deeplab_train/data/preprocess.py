@@ -1,0 +1,277 @@
+"""Training augmentation and evaluation preprocessing of one image + label.
+
+Behaves like the original DeepLab's `input_preprocess` (same order of steps,
+same resize methods and corner alignment, same random choices):
+
+1. optional resize so the short side is `min_resize_value` without the long
+   side passing `max_resize_value`, sides snapped to `k * resize_factor + 1`;
+2. training only: random scale from [min_scale_factor, max_scale_factor]
+   (uniform, or one of the steps of `scale_factor_step_size`);
+3. pad bottom/right to at least the crop size, the image with the
+   backbone's mean pixel, the label with `ignore_label`;
+4. training only: random crop to the crop size, then a left-right flip with
+   probability 0.5.
+
+Images are resized bilinearly and labels by nearest neighbour, both with
+`align_corners=True`. Randomness comes from stateless ops driven by a
+`seed` tensor of shape [2], so a seeded tf.data pipeline is reproducible
+even with parallel map calls. All functions work eagerly and in graphs.
+"""
+import tensorflow.compat.v1 as tf
+
+from deeplab_train.config import ConfigError
+
+FLIP_PROBABILITY = 0.5
+DEFAULT_MEAN_PIXEL = (127.5, 127.5, 127.5)
+
+# Sentinel: take the crop size from the PreprocessOptions.
+FROM_OPTIONS = 'from_options'
+
+
+def _shape_hw(tensor):
+  shape = tf.shape(tensor)
+  return shape[0], shape[1]
+
+
+# The raw ops are the kernels behind the original's tf.image.resize_bilinear /
+# resize_nearest_neighbor(align_corners=True), without deprecation warnings.
+def resize_bilinear(image, size):
+  """float image [H, W, C] -> [size[0], size[1], C], corners aligned."""
+  return tf.raw_ops.ResizeBilinear(images=image[tf.newaxis], size=size,
+                                  align_corners=True,
+                                  half_pixel_centers=False)[0]
+
+
+def resize_nearest(label, size):
+  """label [H, W, C] -> [size[0], size[1], C], nearest, corners aligned."""
+  return tf.raw_ops.ResizeNearestNeighbor(images=label[tf.newaxis],
+                                         size=size, align_corners=True,
+                                         half_pixel_centers=False)[0]
+
+
+def resize_to_range_size(height, width, min_size=None, max_size=None,
+                         factor=None):
+  """The output size of `resize_to_range`, as an int32 tensor [2].
+
+  The short side becomes `min_size` unless the long side would then exceed
+  `max_size`, in which case the long side becomes `max_size` (lowered first
+  to a multiple of `factor` plus one). Finally both sides are rounded up to
+  a multiple of `factor` plus one.
+  """
+  h = tf.cast(height, tf.float32)
+  w = tf.cast(width, tf.float32)
+  if max_size is not None:
+    max_size = float(max_size)
+    if factor is not None:
+      max_size -= (max_size - 1) % factor
+  small_size = None
+  if max_size is not None:
+    small_scale = max_size / tf.maximum(h, w)
+    small_size = tf.cast(tf.floor(tf.stack([h, w]) * small_scale), tf.int32)
+  if min_size is not None:
+    large_scale = float(min_size) / tf.minimum(h, w)
+    new_size = tf.cast(tf.floor(tf.stack([h, w]) * large_scale), tf.int32)
+    if small_size is not None:
+      new_size = tf.cond(
+          tf.cast(tf.reduce_max(new_size), tf.float32) > max_size,
+          lambda: small_size, lambda: new_size)
+  else:
+    new_size = small_size
+  if factor is not None:
+    new_size += (factor - (new_size - 1) % factor) % factor
+  return new_size
+
+
+def resize_to_range(image, label=None, min_size=None, max_size=None,
+                    factor=None):
+  """Resizes image (bilinear) and label (nearest) into the size range.
+
+  Args:
+    image: float32 [H, W, 3].
+    label: int32 [H, W, 1] or None.
+    min_size / max_size / factor: see `resize_to_range_size`.
+
+  Returns:
+    (image, label) resized (label None if not given).
+  """
+  height, width = _shape_hw(image)
+  new_size = resize_to_range_size(height, width, min_size, max_size, factor)
+  image = resize_bilinear(image, new_size)
+  if label is not None:
+    label = resize_nearest(label, new_size)
+  return image, label
+
+
+def random_scale_factor(min_scale, max_scale, step_size, seed):
+  """A random scale: fixed, uniform in [min, max), or one of the steps.
+
+  Returns:
+    A python float when min == max, else a float32 scalar tensor.
+
+  Raises:
+    ConfigError: min < 0 or min > max.
+  """
+  if min_scale < 0 or min_scale > max_scale:
+    raise ConfigError('--min_scale_factor must be in [0, --max_scale_factor]'
+                      ', got %g and %g' % (min_scale, max_scale))
+  if min_scale == max_scale:
+    return float(min_scale)
+  if not step_size:
+    return tf.random.stateless_uniform([], seed, minval=min_scale,
+                                       maxval=max_scale)
+  num_steps = int((max_scale - min_scale) / step_size + 1)
+  steps = tf.linspace(float(min_scale), float(max_scale), num_steps)
+  index = tf.random.stateless_uniform([], seed, minval=0, maxval=num_steps,
+                                      dtype=tf.int32)
+  return steps[index]
+
+
+def scale_image_and_label(image, label, scale):
+  """Scales both by `scale` (sizes truncated to integers)."""
+  if isinstance(scale, float) and scale == 1.0:
+    return image, label
+  height, width = _shape_hw(image)
+  new_size = tf.cast(tf.cast(tf.stack([height, width]), tf.float32) * scale,
+                     tf.int32)
+  image = resize_bilinear(image, new_size)
+  if label is not None:
+    label = resize_nearest(label, new_size)
+  return image, label
+
+
+def pad_to_size(tensor, target_height, target_width, pad_value):
+  """Pads bottom and right of [H, W, C] up to the target size.
+
+  A per-channel `pad_value` is applied by padding `tensor - pad_value` with
+  zeros and adding it back (exact for the 0.5-step values of images).
+  """
+  height, width = _shape_hw(tensor)
+  paddings = [[0, target_height - height], [0, target_width - width], [0, 0]]
+  pad_value = tf.cast(pad_value, tensor.dtype)
+  return tf.pad(tensor - pad_value, paddings) + pad_value
+
+
+def random_crop(image, label, crop_height, crop_width, seed):
+  """The same random [crop_height, crop_width] window of image and label.
+
+  Both must be at least the crop size (pad first).
+  """
+  height, width = _shape_hw(image)
+  seeds = tf.random.experimental.stateless_split(seed, 2)
+  top = tf.random.stateless_uniform([], seeds[0], minval=0,
+                                    maxval=height - crop_height + 1,
+                                    dtype=tf.int32)
+  left = tf.random.stateless_uniform([], seeds[1], minval=0,
+                                     maxval=width - crop_width + 1,
+                                     dtype=tf.int32)
+  image = tf.slice(image, [top, left, 0], [crop_height, crop_width, -1])
+  label = tf.slice(label, [top, left, 0], [crop_height, crop_width, -1])
+  return image, label
+
+
+def random_flip_left_right(image, label, seed, probability=FLIP_PROBABILITY):
+  """Flips both horizontally with `probability` (the same decision)."""
+  do_flip = tf.random.stateless_uniform([], seed) <= probability
+  return tf.cond(do_flip,
+                 lambda: (tf.reverse(image, [1]), tf.reverse(label, [1])),
+                 lambda: (image, label))
+
+
+def _check_fits_crop(image, crop_height, crop_width, name):
+  """Eval: an image larger than the crop cannot be padded to it."""
+  message = ('image is larger than the eval crop size %dx%d (HxW); raise '
+             'the eval crop size or set min/max_resize_value. image, height, '
+             'width:' % (crop_height, crop_width))
+  static_hw = image.shape[:2].as_list()
+  if None not in static_hw and (static_hw[0] > crop_height or
+                                static_hw[1] > crop_width):
+    raise ConfigError('%s %s, %d, %d' % (message, name if isinstance(
+        name, str) else '', static_hw[0], static_hw[1]))
+  height, width = _shape_hw(image)
+  fits = tf.logical_and(height <= crop_height, width <= crop_width)
+  assertion = tf.Assert(fits, [message, name, height, width])
+  with tf.control_dependencies([assertion]):
+    return tf.identity(image)
+
+
+def preprocess_image_and_label(image, label, options, ignore_label=255,
+                               is_training=True,
+                               mean_pixel=DEFAULT_MEAN_PIXEL,
+                               crop_size=FROM_OPTIONS, seed=None, name=''):
+  """Preprocesses one image and its label.
+
+  Args:
+    image: uint8 or float [H, W, 3].
+    label: integer [H, W, 1], or None (eval without ground truth).
+    options: PreprocessOptions (resize range, scale augmentation, crop).
+    ignore_label: label value used for padding.
+    is_training: random scale, crop and flip when True.
+    mean_pixel: RGB value the image is padded with (the backbone's mean
+      pixel, e.g. 127.5 for xception / mobilenet).
+    crop_size: (height, width); FROM_OPTIONS takes `options.crop_size`.
+      None (eval only) means no padding: the image keeps its size.
+    seed: int32/int64 tensor [2] for the random ops; None draws one.
+    name: image name (string or string tensor) for error messages.
+
+  Returns:
+    (original_image uint8 [H', W', 3] (resized if a resize range is set),
+     image float32 [crop_h, crop_w, 3] (eval: padded to at least the crop),
+     label int32 [crop_h, crop_w, 1] or None).
+
+  Raises:
+    ConfigError: training without a label or without a crop size.
+  """
+  if crop_size == FROM_OPTIONS:
+    crop_size = options.crop_size
+  if is_training and label is None:
+    raise ConfigError('training needs labels (this split has none)')
+  if is_training and crop_size is None:
+    raise ConfigError('training needs a crop size (--train_crop_size)')
+
+  original_image = image
+  image = tf.cast(image, tf.float32)
+  if label is not None:
+    label = tf.cast(label, tf.int32)
+
+  if options.min_resize_value or options.max_resize_value:
+    image, label = resize_to_range(image, label, options.min_resize_value,
+                                   options.max_resize_value,
+                                   options.resize_factor)
+    original_image = tf.saturate_cast(tf.round(image), tf.uint8)
+
+  if is_training:
+    if seed is None:
+      seed = tf.random.uniform([2], maxval=2**31 - 1, dtype=tf.int32)
+    seeds = tf.random.experimental.stateless_split(seed, 3)
+    scale = random_scale_factor(options.min_scale_factor,
+                                options.max_scale_factor,
+                                options.scale_factor_step_size, seeds[0])
+    image, label = scale_image_and_label(image, label, scale)
+
+  if crop_size is not None:
+    crop_height, crop_width = crop_size
+    if not is_training:
+      image = _check_fits_crop(image, crop_height, crop_width, name)
+    height, width = _shape_hw(image)
+    target_height = tf.maximum(height, crop_height)
+    target_width = tf.maximum(width, crop_width)
+    image = pad_to_size(image, target_height, target_width,
+                        tf.reshape(tf.constant(mean_pixel, tf.float32),
+                                   [1, 1, 3]))
+    if label is not None:
+      label = pad_to_size(label, target_height, target_width, ignore_label)
+
+  if is_training:
+    image, label = random_crop(image, label, crop_height, crop_width,
+                               seeds[1])
+    image, label = random_flip_left_right(image, label, seeds[2])
+
+  if crop_size is not None:
+    image.set_shape([crop_height, crop_width, 3])
+    if label is not None:
+      label.set_shape([crop_height, crop_width, 1])
+  else:
+    image.set_shape([None, None, 3])
+    if label is not None:
+      label.set_shape([None, None, 1])
+  return tf.cast(original_image, tf.uint8), image, label

@@ -1,0 +1,162 @@
+"""The TFRecord schema shared with the original DeepLab converters.
+
+One tf.train.Example per image with the original keys (see `KEYS`); shards
+are named `{split}-{i:05d}-of-{n:05d}.tfrecord` and read back with the
+pattern `{split}-*`. The label is a single-channel PNG whose pixel values are
+class ids: readers decode it with `decode_png(channels=1)`, so a palette PNG
+stored as-is would decode to grey levels instead of ids.
+
+`encode_example` is the Python (writer) side; `parse_example` and
+`decode_image_and_label` are graph ops for the tf.data reader.
+"""
+import fnmatch
+import os
+import re
+
+import tensorflow.compat.v1 as tf
+
+IMAGE_ENCODED = 'image/encoded'
+IMAGE_FILENAME = 'image/filename'
+IMAGE_FORMAT = 'image/format'
+IMAGE_HEIGHT = 'image/height'
+IMAGE_WIDTH = 'image/width'
+IMAGE_CHANNELS = 'image/channels'
+LABEL_ENCODED = 'image/segmentation/class/encoded'
+LABEL_FORMAT = 'image/segmentation/class/format'
+
+KEYS = (IMAGE_ENCODED, IMAGE_FILENAME, IMAGE_FORMAT, IMAGE_HEIGHT,
+        IMAGE_WIDTH, IMAGE_CHANNELS, LABEL_ENCODED, LABEL_FORMAT)
+
+# The original's name for each accepted image file format.
+IMAGE_FORMATS = {'jpg': 'jpeg', 'jpeg': 'jpeg', 'png': 'png'}
+
+_SHARD_RE = re.compile(r'^(?P<split>.+)-(?P<index>\d{5})-of-(?P<total>\d{5})'
+                       r'\.tfrecord$')
+
+
+def shard_filename(split, index, num_shards):
+  """'train-00001-of-00004.tfrecord' for split 'train', shard 1 of 4."""
+  return '%s-%05d-of-%05d.tfrecord' % (split, index, num_shards)
+
+
+def shard_pattern(split):
+  """The glob the original reader uses for a split's shards."""
+  return '%s-*' % split
+
+
+def parse_shard_filename(filename):
+  """(split, index, num_shards) for a standard shard name, else None."""
+  m = _SHARD_RE.match(os.path.basename(filename))
+  if not m:
+    return None
+  return m.group('split'), int(m.group('index')), int(m.group('total'))
+
+
+def list_split_files(dataset_dir, split):
+  """The shard files of `split` in `dataset_dir`, sorted.
+
+  Matches the original's `{split}-*` glob; hidden files (our in-progress
+  temp shards start with '.') never match.
+  """
+  if not os.path.isdir(dataset_dir):
+    return []
+  pattern = shard_pattern(split)
+  return sorted(os.path.join(dataset_dir, f)
+                for f in os.listdir(dataset_dir)
+                if fnmatch.fnmatchcase(f, pattern) and not f.startswith('.'))
+
+
+def _bytes(value):
+  if isinstance(value, str):
+    value = value.encode('utf-8')
+  return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+
+def _int64(value):
+  return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
+
+
+def encode_example(image_data, filename, image_format, height, width,
+                   label_data, label_format='png'):
+  """One image/label pair as a tf.train.Example in the original schema.
+
+  Args:
+    image_data: encoded image bytes (JPEG or PNG).
+    filename: image name stored as 'image/filename' (the original stores the
+      id from the list file, without extension).
+    image_format: 'jpeg'/'jpg' or 'png'.
+    height: image height in pixels.
+    width: image width in pixels.
+    label_data: single-channel PNG bytes of class ids, or None for an
+      unlabelled (test) image.
+    label_format: stored as 'image/segmentation/class/format'.
+
+  Returns:
+    A tf.train.Example.
+
+  Raises:
+    ValueError: unknown image format.
+  """
+  if image_format not in IMAGE_FORMATS:
+    raise ValueError('image format must be one of %s, got %r'
+                     % (sorted(IMAGE_FORMATS), image_format))
+  feature = {
+      IMAGE_ENCODED: _bytes(image_data),
+      IMAGE_FILENAME: _bytes(filename),
+      IMAGE_FORMAT: _bytes(IMAGE_FORMATS[image_format]),
+      IMAGE_HEIGHT: _int64(height),
+      IMAGE_WIDTH: _int64(width),
+      IMAGE_CHANNELS: _int64(3),
+      LABEL_ENCODED: _bytes(label_data if label_data is not None else b''),
+      LABEL_FORMAT: _bytes(label_format),
+  }
+  return tf.train.Example(features=tf.train.Features(feature=feature))
+
+
+def _feature_spec():
+  # Same keys and defaults as the original reader; 'image/channels' is not
+  # read (the image is always decoded to 3 channels).
+  return {
+      IMAGE_ENCODED: tf.FixedLenFeature((), tf.string, default_value=''),
+      IMAGE_FILENAME: tf.FixedLenFeature((), tf.string, default_value=''),
+      IMAGE_FORMAT: tf.FixedLenFeature((), tf.string, default_value='jpeg'),
+      IMAGE_HEIGHT: tf.FixedLenFeature((), tf.int64, default_value=0),
+      IMAGE_WIDTH: tf.FixedLenFeature((), tf.int64, default_value=0),
+      LABEL_ENCODED: tf.FixedLenFeature((), tf.string, default_value=''),
+      LABEL_FORMAT: tf.FixedLenFeature((), tf.string, default_value='png'),
+  }
+
+
+def parse_example(serialized):
+  """Parses one serialized Example into its raw fields (graph op).
+
+  Args:
+    serialized: scalar string tensor.
+
+  Returns:
+    Dict keyed like the schema (see `KEYS`, without 'image/channels').
+  """
+  return tf.io.parse_single_example(serialized, _feature_spec())
+
+
+def decode_image(encoded, channels):
+  """Decodes JPEG or PNG (or BMP/GIF) bytes to uint8 [H, W, channels]."""
+  return tf.io.decode_image(encoded, channels=channels,
+                            expand_animations=False)
+
+
+def decode_image_and_label(features, with_label=True):
+  """Decodes the image and (optionally) the label of a parsed Example.
+
+  Args:
+    features: output of `parse_example`.
+    with_label: decode the label too.
+
+  Returns:
+    (image uint8 [H, W, 3], label uint8 [H, W, 1] or None).
+  """
+  image = decode_image(features[IMAGE_ENCODED], 3)
+  label = None
+  if with_label:
+    label = decode_image(features[LABEL_ENCODED], 1)
+  return image, label

@@ -1,0 +1,238 @@
+"""In-graph inference on numpy images, shared by deeplab-eval and deeplab-vis.
+
+The network is built once on a float32 placeholder; images of any size are
+padded bottom/right with the backbone's mean pixel (so the padding becomes 0
+after normalisation, as in the original preprocessing) to either the fixed
+crop size or the smallest size `k * output_stride + 1` that holds the batch,
+and the predicted labels are cropped back to each image. Checkpoints are
+checked against the graph's variables before restoring, so a checkpoint of a
+different network fails with a message instead of a TensorFlow trace.
+"""
+import os
+import re
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from deeplab_train import config
+from deeplab_train.model import deeplab
+from deeplab_train.model import registry
+
+
+class NoCheckpointError(config.ConfigError):
+  """No checkpoint where one was expected."""
+
+
+class CheckpointMismatchError(config.ConfigError):
+  """The checkpoint's variables do not match the network being built."""
+
+
+class ImageTooLargeError(config.ConfigError):
+  """An image does not fit in the fixed crop size."""
+
+
+def fitting_size(height, width, output_stride):
+  """Smallest (k * output_stride + 1) sizes holding height x width."""
+  fit = lambda n: -(-(int(n) - 1) // output_stride) * output_stride + 1
+  return fit(height), fit(width)
+
+
+def padded_size(sizes, crop_size, output_stride, names=None,
+                crop_flag='eval_crop_size'):
+  """The size a batch of images is padded to.
+
+  Args:
+    sizes: [(height, width), ...] of the images of the batch.
+    crop_size: fixed (height, width), or None to fit the batch.
+    output_stride: the network's output stride.
+    names: image names, for the error message.
+    crop_flag: the flag to name in the error message.
+
+  Returns:
+    (height, width).
+
+  Raises:
+    ImageTooLargeError: an image is larger than crop_size.
+  """
+  max_h = max(h for h, _ in sizes)
+  max_w = max(w for _, w in sizes)
+  if crop_size is None:
+    return fitting_size(max_h, max_w, output_stride)
+  for i, (h, w) in enumerate(sizes):
+    if h > crop_size[0] or w > crop_size[1]:
+      name = _text(names[i]) if names is not None else '#%d' % i
+      need = fitting_size(max(h, crop_size[0]), max(w, crop_size[1]),
+                          output_stride)
+      raise ImageTooLargeError(
+          'image %s is %dx%d (height x width), larger than --%s=%d,%d; pass '
+          '--%s=%d,%d (or larger), or leave --%s unset to pad each image '
+          'only as much as the output stride needs'
+          % (name, h, w, crop_flag, crop_size[0], crop_size[1], crop_flag,
+             need[0], need[1], crop_flag))
+  return tuple(crop_size)
+
+
+def pad_images(images, size, mean_pixel):
+  """Stacks images [h, w, 3] into [N, H, W, 3] float32 padded with mean_pixel."""
+  out = np.empty((len(images), size[0], size[1], 3), np.float32)
+  out[...] = np.asarray(mean_pixel, np.float32)
+  for i, image in enumerate(images):
+    out[i, :image.shape[0], :image.shape[1]] = image
+  return out
+
+
+def resolve_checkpoint(path):
+  """The checkpoint prefix for a checkpoint dir (its latest) or a prefix.
+
+  Raises:
+    NoCheckpointError: nothing to restore at `path`.
+  """
+  if not path:
+    raise NoCheckpointError('no checkpoint given: pass --checkpoint_dir (a '
+                            'train_logdir) or a checkpoint prefix')
+  if os.path.isdir(path):
+    latest = tf.train.latest_checkpoint(path)
+    if latest is None:
+      raise NoCheckpointError(
+          'no checkpoint in %s (no "checkpoint" state file naming an existing '
+          'model.ckpt-N); train first, or point --checkpoint_dir at the '
+          'train_logdir' % path)
+    return latest
+  if tf.io.gfile.exists(path + '.index'):
+    return path
+  raise NoCheckpointError('%s is neither a directory with checkpoints nor a '
+                          'checkpoint prefix (no %s.index)' % (path, path))
+
+
+def checkpoint_global_step(checkpoint_path):
+  """The checkpoint's global_step (from the variable or the file name)."""
+  reader = tf.train.load_checkpoint(checkpoint_path)
+  if reader.has_tensor('global_step'):
+    return int(reader.get_tensor('global_step'))
+  match = re.search(r'-(\d+)$', checkpoint_path)
+  return int(match.group(1)) if match else None
+
+
+def check_checkpoint_matches(checkpoint_path, variables):
+  """Raises CheckpointMismatchError when variables are missing or reshaped.
+
+  Args:
+    checkpoint_path: a checkpoint prefix.
+    variables: the graph's tf.Variables to restore.
+  """
+  shapes = tf.train.load_checkpoint(checkpoint_path).get_variable_to_shape_map()
+  missing, reshaped = [], []
+  for var in variables:
+    name = var.op.name
+    if name not in shapes:
+      missing.append(name)
+    elif list(shapes[name]) != var.shape.as_list():
+      reshaped.append('%s: checkpoint %s, network %s'
+                      % (name, shapes[name], var.shape.as_list()))
+  if missing or reshaped:
+    details = []
+    if missing:
+      details.append('%d variable(s) missing, e.g. %s'
+                     % (len(missing), ', '.join(missing[:3])))
+    if reshaped:
+      details.append('%d with another shape, e.g. %s'
+                     % (len(reshaped), '; '.join(reshaped[:3])))
+    raise CheckpointMismatchError(
+        'checkpoint %s does not match the network built from the model '
+        'options (%s). Without a %s beside the checkpoint, pass the model '
+        'flags it was trained with (--model_variant, --output_stride, '
+        '--atrous_rates, --decoder_output_stride, --depth_multiplier, '
+        'number of classes ...)'
+        % (checkpoint_path, '; '.join(details), config.RUN_CONFIG_FILENAME))
+
+
+def build_predictions(images, model_options, inference):
+  """Label (and probability) tensors for float images [N, H, W, 3].
+
+  Args:
+    images: float32 tensor, raw pixel values, padded to the size in
+      model_options.crop_size (or any size when that is None).
+    model_options: ModelOptions (crop_size set as wanted).
+    inference: InferenceOptions (scales, flips, image pyramid). Flipped
+      images are used even with the single scale 1.0.
+
+  Returns:
+    {'semantic': int64 [N, H, W], 'semantic_prob': float [N, H, W, C]}.
+  """
+  if not inference.multi_scale:
+    return deeplab.predict_labels(images, model_options,
+                                  image_pyramid=inference.image_pyramid)
+  return deeplab.predict_labels_multi_scale(
+      images, model_options, eval_scales=inference.scales,
+      add_flipped_images=inference.add_flipped_images)
+
+
+class Predictor:
+  """A session holding the inference graph; restore(), then predict().
+
+  Args:
+    model_options: ModelOptions of the network (its crop_size is replaced by
+      inference.crop_size).
+    inference: InferenceOptions.
+    crop_flag: flag to name when an image does not fit the crop.
+    session_config: optional tf.ConfigProto.
+  """
+
+  def __init__(self, model_options, inference, crop_flag='eval_crop_size',
+               session_config=None):
+    self.options = model_options.replace(crop_size=inference.crop_size)
+    self.inference = inference
+    self.crop_flag = crop_flag
+    self.mean_pixel = registry.mean_pixel(self.options.model_variant)
+    self.graph = tf.Graph()
+    with self.graph.as_default():
+      crop = inference.crop_size or (None, None)
+      self._images = tf.placeholder(tf.float32, [None, crop[0], crop[1], 3],
+                                    name='images')
+      self._labels = build_predictions(self._images, self.options,
+                                       inference)[deeplab.OUTPUT_TYPE]
+      self._variables = tf.global_variables()
+      self._saver = tf.train.Saver(self._variables)
+    self._session = tf.Session(graph=self.graph, config=session_config)
+    self.checkpoint_path = None
+
+  def restore(self, checkpoint_path):
+    """Loads the network's variables from a checkpoint prefix."""
+    check_checkpoint_matches(checkpoint_path, self._variables)
+    with self.graph.as_default():
+      self._saver.restore(self._session, checkpoint_path)
+    self.checkpoint_path = checkpoint_path
+
+  def predict(self, images, names=None):
+    """Labels of a list of images.
+
+    Args:
+      images: list of float arrays [h_i, w_i, 3] with raw 0-255 values.
+      names: optional image names for error messages.
+
+    Returns:
+      list of int32 arrays [h_i, w_i].
+
+    Raises:
+      ImageTooLargeError: an image does not fit the fixed crop size.
+    """
+    sizes = [im.shape[:2] for im in images]
+    size = padded_size(sizes, self.inference.crop_size,
+                       self.options.output_stride, names, self.crop_flag)
+    batch = pad_images(images, size, self.mean_pixel)
+    labels = self._session.run(self._labels, {self._images: batch})
+    return [labels[i, :h, :w].astype(np.int32)
+            for i, (h, w) in enumerate(sizes)]
+
+  def close(self):
+    self._session.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *unused):
+    self.close()
+
+
+def _text(name):
+  return name.decode() if isinstance(name, bytes) else str(name)

@@ -1,0 +1,224 @@
+"""deeplab-vis's library side: prediction PNGs for a split or a folder of images.
+
+For each image (named after the image, at the input image's size):
+
+  segmentation_results/NAME_image.png       the input image
+  segmentation_results/NAME_prediction.png  predictions in the palette's colours
+  raw_segmentation_results/NAME.png         class ids (optional; Cityscapes
+                                            train ids mapped to eval ids)
+  overlay_results/NAME_overlay.png          image | prediction | blend (optional)
+
+Every file is written under a temp name and renamed.
+"""
+import io
+import logging
+import os
+import re
+
+import numpy as np
+from PIL import Image
+import tensorflow.compat.v1 as tf
+
+from deeplab_train import config
+from deeplab_train.data import colormap as colormap_lib
+from deeplab_train.data import preprocess
+from deeplab_train.evaluation import eval_loop
+from deeplab_train.export import atomic
+
+SEMANTIC_FOLDER = 'segmentation_results'
+RAW_FOLDER = 'raw_segmentation_results'
+OVERLAY_FOLDER = 'overlay_results'
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
+
+# Cityscapes is trained on 19 train ids; its evaluation server wants the
+# original label ids, so raw predictions are mapped (as the original vis).
+CITYSCAPES_TRAIN_ID_TO_EVAL_ID = (7, 8, 11, 12, 13, 17, 19, 20, 21, 22, 23,
+                                  24, 25, 26, 27, 28, 31, 32, 33)
+
+_log = logging.getLogger(__name__)
+
+
+def png_bytes(array):
+  """PNG encoding of uint8 [H, W] / [H, W, 3] (or uint16 [H, W]) pixels."""
+  buffer = io.BytesIO()
+  Image.fromarray(array).save(buffer, format='PNG')
+  return buffer.getvalue()
+
+
+def save_png(path, array):
+  """Atomically writes an array as PNG."""
+  return atomic.write_bytes(path, png_bytes(array))
+
+
+def labels_as_png_array(labels):
+  """Class ids as uint8 (uint16 when an id is above 255)."""
+  dtype = np.uint8 if labels.max(initial=0) < 256 else np.uint16
+  return labels.astype(dtype)
+
+
+def resize_nearest(labels, height, width):
+  """Nearest-neighbour resize of [h, w] labels with aligned corners."""
+  h, w = labels.shape
+  if (h, w) == (height, width):
+    return labels
+  rows = _aligned_indices(h, height)
+  cols = _aligned_indices(w, width)
+  return labels[rows[:, None], cols[None, :]]
+
+
+def _aligned_indices(size_in, size_out):
+  if size_out == 1:
+    return np.zeros(1, np.int64)
+  scale = (size_in - 1) / (size_out - 1)
+  return np.minimum(np.round(np.arange(size_out) * scale).astype(np.int64),
+                    size_in - 1)
+
+
+def resize_image(image, height, width):
+  """uint8 RGB image resized (bilinear) to height x width."""
+  if image.shape[:2] == (height, width):
+    return image
+  return np.asarray(Image.fromarray(image).resize((width, height),
+                                                  Image.BILINEAR))
+
+
+def overlay(image, colored, alpha=0.5):
+  """image | colored prediction | blend, side by side (uint8 RGB)."""
+  blend = ((1.0 - alpha) * image.astype(np.float32) +
+           alpha * colored.astype(np.float32))
+  blend = np.clip(np.round(blend), 0, 255).astype(np.uint8)
+  return np.concatenate([image, colored, blend], axis=1)
+
+
+def output_stem(name):
+  """A file-name-safe stem for an image name ('dir/a.jpg' -> 'a')."""
+  stem = os.path.basename(str(name))
+  root, ext = os.path.splitext(stem)
+  if ext.lower() in IMAGE_EXTENSIONS:
+    stem = root
+  stem = re.sub(r'[^\w.\-]+', '_', stem).strip('.')
+  return stem or 'image'
+
+
+class _UniqueStems:
+  """Makes stems unique (a_2, a_3, ...) when two images share a name."""
+
+  def __init__(self):
+    self._seen = {}
+
+  def __call__(self, name):
+    stem = output_stem(name)
+    count = self._seen.get(stem, 0) + 1
+    self._seen[stem] = count
+    return stem if count == 1 else '%s_%d' % (stem, count)
+
+
+def iterate_image_dir(image_dir, preprocess_options, mean_pixel):
+  """Yields the JPEG/PNG files of a folder (sorted) as samples.
+
+  Args:
+    image_dir: folder of images.
+    preprocess_options: PreprocessOptions (resize values are applied as in
+      training, so the network sees what it was trained on).
+    mean_pixel: unused padding value (kept for symmetry with iterate_split).
+
+  Yields:
+    {'image': float32 [h, w, 3], 'label': None, 'name': file name,
+     'height', 'width': size of the file's image, 'original_image': uint8}.
+
+  Raises:
+    ConfigError: missing folder, no images, or an unreadable file.
+  """
+  del mean_pixel
+  if not image_dir or not os.path.isdir(image_dir):
+    raise config.ConfigError('--image_dir=%s is not a folder' % image_dir)
+  files = sorted(f for f in os.listdir(image_dir)
+                 if f.lower().endswith(IMAGE_EXTENSIONS) and
+                 not f.startswith('.'))
+  if not files:
+    raise config.ConfigError('no .jpg/.jpeg/.png files in --image_dir=%s'
+                             % image_dir)
+  resize = _resizer(preprocess_options)
+  for name in files:
+    path = os.path.join(image_dir, name)
+    try:
+      with Image.open(path) as im:
+        original = np.asarray(im.convert('RGB'))
+    except (OSError, ValueError) as e:
+      raise config.ConfigError('cannot read image %s: %s' % (path, e)) from None
+    yield {'image': resize(original), 'label': None, 'name': name,
+           'height': original.shape[0], 'width': original.shape[1],
+           'original_image': original}
+
+
+def _resizer(preprocess_options):
+  """fn(uint8 image) -> float32 image resized like the training input."""
+  if not (preprocess_options.min_resize_value or
+          preprocess_options.max_resize_value):
+    return lambda image: image.astype(np.float32)
+  graph = tf.Graph()
+  with graph.as_default():
+    placeholder = tf.placeholder(tf.uint8, [None, None, 3])
+    resized, _ = preprocess.resize_to_range(
+        tf.cast(placeholder, tf.float32), None,
+        preprocess_options.min_resize_value,
+        preprocess_options.max_resize_value, preprocess_options.resize_factor)
+  session = tf.Session(graph=graph)
+  return lambda image: session.run(resized, {placeholder: image})
+
+
+def visualize(predictor, samples, vis_logdir, colormap, vis_options,
+              batch_size=1, train_id_to_eval_id=None):
+  """Predicts each sample and writes its PNGs.
+
+  Args:
+    predictor: a restored Predictor.
+    samples: iterable of sample dicts with 'image', 'name', 'height',
+      'width', 'original_image'.
+    vis_logdir: output folder.
+    colormap: colormap name or array [N, 3].
+    vis_options: VisOptions.
+    batch_size: images per session run.
+    train_id_to_eval_id: optional id mapping for the raw PNGs.
+
+  Returns:
+    The number of images written.
+  """
+  vis_options.validate()
+  unique = _UniqueStems()
+  limit = vis_options.max_number_of_images
+  count = 0
+  for batch in eval_loop.batched(samples, batch_size):
+    if limit > 0:
+      batch = batch[:limit - count]
+    labels = predictor.predict([s['image'] for s in batch],
+                               names=[s['name'] for s in batch])
+    for sample, prediction in zip(batch, labels):
+      _write_one(sample, prediction, unique(sample['name']), vis_logdir,
+                 colormap, vis_options, train_id_to_eval_id)
+    count += len(batch)
+    _log.info('visualised %d images', count)
+    if 0 < limit <= count:
+      break
+  return count
+
+
+def _write_one(sample, prediction, stem, vis_logdir, colormap, vis_options,
+               train_id_to_eval_id):
+  height, width = sample['height'], sample['width']
+  # Back to the input's size when the input was resized for the network.
+  prediction = resize_nearest(prediction, height, width)
+  image = resize_image(sample['original_image'], height, width)
+  colored = colormap_lib.label_to_color_image(prediction, colormap)
+  semantic = os.path.join(vis_logdir, SEMANTIC_FOLDER)
+  save_png(os.path.join(semantic, stem + '_image.png'), image)
+  save_png(os.path.join(semantic, stem + '_prediction.png'), colored)
+  if vis_options.also_save_raw_predictions:
+    raw = prediction
+    if train_id_to_eval_id is not None:
+      raw = np.asarray(train_id_to_eval_id)[raw]
+    save_png(os.path.join(vis_logdir, RAW_FOLDER, stem + '.png'),
+             labels_as_png_array(raw))
+  if vis_options.save_overlay:
+    save_png(os.path.join(vis_logdir, OVERLAY_FOLDER, stem + '_overlay.png'),
+             overlay(image, colored, vis_options.overlay_alpha))

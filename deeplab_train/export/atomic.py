@@ -1,0 +1,84 @@
+"""Writes that never leave a half-written file: temp name, then rename.
+
+Used for every file eval, vis and export produce (JSON results, PNGs, frozen
+graphs, SavedModel directories), so a reader or a killed run never sees a
+partial output. The temp name is hidden and carries the pid, so concurrent
+writers do not collide.
+"""
+import json
+import os
+import shutil
+
+
+def _temp_name(path):
+  folder, base = os.path.split(os.path.abspath(path))
+  return os.path.join(folder, '.%s.tmp-%d' % (base, os.getpid()))
+
+
+def write_bytes(path, data):
+  """Atomically writes `data` (bytes) to `path`, creating its folder."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = _temp_name(path)
+  try:
+    with open(tmp, 'wb') as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return path
+
+
+def write_json(path, payload):
+  """Atomically writes `payload` as indented JSON."""
+  text = json.dumps(payload, indent=1, sort_keys=True) + '\n'
+  return write_bytes(path, text.encode('utf-8'))
+
+
+def write_with(path, writer):
+  """Atomically writes `path` through `writer(open_binary_file)`.
+
+  For libraries that write to a file object (e.g. PIL's Image.save, which
+  is then told the format explicitly since the temp name has no extension
+  it recognises).
+  """
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = _temp_name(path)
+  try:
+    with open(tmp, 'wb') as f:
+      writer(f)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return path
+
+
+def temp_dir_for(path):
+  """A fresh temp directory beside `path`, to be passed to `replace_dir`."""
+  tmp = _temp_name(path)
+  if os.path.exists(tmp):
+    shutil.rmtree(tmp)
+  return tmp
+
+
+def replace_dir(tmp, path):
+  """Moves the finished directory `tmp` to `path`, replacing what was there.
+
+  A rename cannot replace a non-empty directory, so an existing `path` is
+  first renamed aside and deleted only once the new one is in place.
+  """
+  if os.path.lexists(path):
+    old = _temp_name(path) + '.old'
+    os.rename(path, old)
+    os.rename(tmp, path)
+    if os.path.isdir(old) and not os.path.islink(old):
+      shutil.rmtree(old)
+    else:
+      os.remove(old)
+  else:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    os.rename(tmp, path)
+  return path

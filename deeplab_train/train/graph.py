@@ -1,0 +1,232 @@
+"""`build_training_graph`: the whole training graph in one function.
+
+Name scopes: 'input' (the batch, split per tower), 'tower_i' (network, loss
+and gradients of tower i), 'average_gradients', 'train' (learning rate,
+optimizer, train op, finiteness check), 'summaries', 'initialization'
+(restore from --tf_initial_checkpoint).
+"""
+from absl import logging
+import tensorflow.compat.v1 as tf
+
+from deeplab_train.model import registry
+from deeplab_train.train import checkpoint_init
+from deeplab_train.train import hooks
+from deeplab_train.train import learning_rate as lr_lib
+from deeplab_train.train import losses
+from deeplab_train.train import scopes
+from deeplab_train.train import towers as towers_lib
+
+# Weight decay when neither the flag nor the backbone says otherwise (the
+# original's --weight_decay default).
+DEFAULT_WEIGHT_DECAY = 4e-5
+
+
+def effective_weight_decay(train_options, model_variant):
+  """--weight_decay, or the backbone family's default when not given."""
+  if train_options.weight_decay is not None:
+    return train_options.weight_decay
+  default = registry.get(model_variant).default_weight_decay
+  return DEFAULT_WEIGHT_DECAY if default is None else default
+
+
+def deeplab_model_fn(model_options, train_options):
+  """model_fn building DeepLab in training mode.
+
+  Returns:
+    fn(images) -> {'merged_logits': T, ...} (the 'semantic' output).
+  """
+  from deeplab_train.model import deeplab  # pylint: disable=g-import-not-at-top
+  weight_decay = effective_weight_decay(train_options,
+                                        model_options.model_variant)
+
+  def model_fn(images):
+    outputs = deeplab.multi_scale_logits(
+        images, model_options, image_pyramid=train_options.image_pyramid,
+        weight_decay=weight_decay, is_training=True,
+        fine_tune_batch_norm=train_options.fine_tune_batch_norm)
+    return outputs['semantic']
+  return model_fn
+
+
+def default_last_layer_scopes(train_options):
+  from deeplab_train.model import deeplab  # pylint: disable=g-import-not-at-top
+  return list(deeplab.get_extra_layer_scopes(
+      train_options.last_layers_contain_logits_only))
+
+
+def _split_batch(samples, num_clones, batch_size):
+  """{'image': [B..], 'label': [B..]} -> one such dict per tower."""
+  for key in ('image', 'label'):
+    if key not in samples:
+      raise ValueError('input_fn must return a dict with %r, got keys %s'
+                       % (key, sorted(samples)))
+    static = samples[key].shape[0]
+    if static is not None and static != batch_size:
+      raise ValueError('input_fn gave a batch of %s %ss, expected '
+                       '--train_batch_size=%d' % (static, key, batch_size))
+  if num_clones == 1:
+    return [{'image': samples['image'], 'label': samples['label']}]
+  images = tf.split(samples['image'], num_clones, axis=0)
+  labels = tf.split(samples['label'], num_clones, axis=0)
+  return [{'image': i, 'label': l} for i, l in zip(images, labels)]
+
+
+def _image_summaries(tower, num_classes):
+  """The original's sample images: input, label and prediction."""
+  out = tower.outputs
+  scale = max(1, 255 // num_classes)
+  label = tf.cast(tf.minimum(out['label'] * scale, 255), tf.uint8)
+  pred = tf.expand_dims(tf.argmax(out['logits'], 3), -1)
+  pred = tf.cast(tf.minimum(pred * scale, 255), tf.uint8)
+  return [tf.summary.image('samples/image', out['image']),
+          tf.summary.image('samples/label', label),
+          tf.summary.image('samples/semantic', pred)]
+
+
+def build_training_graph(model_options, train_options, *, ignore_label,
+                         input_fn, model_fn=None, last_layer_scopes=None,
+                         init_checkpoint=None, keep_checkpoint_max=5,
+                         device_pattern=None, variables_device='/cpu:0',
+                         input_device='/cpu:0'):
+  """Builds the training graph.
+
+  Args:
+    model_options: ModelOptions (num_classes, crop size, backbone, ...).
+    train_options: TrainOptions.
+    ignore_label: label value without loss.
+    input_fn: fn() -> {'image': float32 [B,H,W,3], 'label': int32
+      [B,H,W,1], ...} with B = train_batch_size; called in the graph.
+    model_fn: fn(images) -> {'merged_logits': T, ...}; default: DeepLab from
+      the options. Called once per tower inside `layers.recording()`.
+    last_layer_scopes: scopes of the last layers (gradient multiplier,
+      initialize_last_layer); default: the model's extra layer scopes.
+    init_checkpoint: checkpoint prefix to initialise from, or None.
+    keep_checkpoint_max: checkpoints kept by the saver.
+    device_pattern: tower devices, e.g. '/cpu:%d' (see towers.tower_devices).
+    variables_device: device (or device function) of the variables.
+    input_device: device of the input pipeline.
+
+  Returns:
+    A dict: graph, global_step, step_after (the step after an update; fetch
+    only with train_op), total_loss, data_loss, regularization_loss,
+    learning_rate, train_op, all_finite (loss and updated weights finite;
+    fetch only with train_op), summary_op, saver, scaffold, init_plan (or
+    None), towers, model_variables, trainable_variables, grads_and_vars,
+    last_layer_scopes, batch_size.
+
+  Raises:
+    ConfigError: the initial checkpoint does not fit the model.
+  """
+  if model_fn is None:
+    model_fn = deeplab_model_fn(model_options, train_options)
+  if last_layer_scopes is None:
+    last_layer_scopes = default_last_layer_scopes(train_options)
+  num_classes = model_options.num_classes
+  n = train_options.num_clones
+  graph = tf.Graph()
+  with graph.as_default():
+    with tf.device(variables_device):
+      global_step = tf.train.get_or_create_global_step()
+
+    with tf.name_scope('input'), tf.device(input_device):
+      shares = _split_batch(input_fn(), n, train_options.train_batch_size)
+
+    loss_kwargs = dict(
+        label_weights=train_options.label_weights,
+        upsample_logits=train_options.upsample_logits,
+        top_k_percent_pixels=train_options.top_k_percent_pixels,
+        hard_example_mining_step=train_options.hard_example_mining_step,
+        global_step=global_step)
+
+    def tower_fn(i):
+      image = tf.identity(shares[i]['image'], name='image')
+      label = tf.identity(shares[i]['label'], name='label')
+      scales_to_logits = model_fn(image)
+      data_loss, per_scale = losses.scales_loss(
+          scales_to_logits, label, num_classes, ignore_label, **loss_kwargs)
+      merged = tf.identity(scales_to_logits['merged_logits'], name='semantic')
+      return data_loss, per_scale, {'image': image, 'label': label,
+                                    'logits': merged}
+
+    before = set(tf.global_variables())
+    towers = towers_lib.build_towers(
+        tower_fn, towers_lib.tower_devices(n, train_options.clone_on_cpu,
+                                           device_pattern),
+        variables_device)
+    model_variables = [v for v in tf.global_variables() if v not in before]
+    trainable = [v for v in tf.trainable_variables() if v not in before]
+
+    with tf.name_scope('train'):
+      reg_losses = towers[0].regularization_losses
+      regularization_loss = (tf.add_n(reg_losses, name='regularization_loss')
+                             if reg_losses else None)
+      data_loss = tf.add_n([t.data_loss for t in towers]) / float(n)
+      data_loss = tf.identity(data_loss, name='data_loss')
+      total_loss = (data_loss if regularization_loss is None
+                    else data_loss + regularization_loss)
+      total_loss = tf.identity(total_loss, name='total_loss')
+      learning_rate = lr_lib.learning_rate(global_step, train_options)
+
+    grads_and_vars = towers_lib.averaged_gradients(
+        towers, trainable, regularization_loss, average_device=input_device)
+
+    with tf.name_scope('train'), tf.device(input_device):
+      grads_and_vars = towers_lib.multiply_gradients(
+          grads_and_vars, scopes.gradient_multipliers(
+              trainable, last_layer_scopes,
+              train_options.last_layer_gradient_multiplier))
+      optimizer = tf.train.MomentumOptimizer(learning_rate,
+                                             train_options.momentum)
+      apply_op = optimizer.apply_gradients(grads_and_vars,
+                                           global_step=global_step)
+      # BN moving averages are updated from tower 0's batch, as the original.
+      train_op = tf.group(apply_op, *towers[0].update_ops, name='train_op')
+      with tf.control_dependencies([train_op]):
+        step_after = tf.identity(global_step.read_value(), name='step_after')
+        all_finite = tf.logical_and(
+            tf.math.is_finite(total_loss),
+            hooks.weights_are_finite(model_variables), name='all_finite')
+
+    with tf.name_scope('summaries'):
+      summaries = [tf.summary.scalar('losses/total_loss', total_loss),
+                   tf.summary.scalar('losses/data_loss', data_loss),
+                   tf.summary.scalar('learning_rate', learning_rate)]
+      if regularization_loss is not None:
+        summaries.append(tf.summary.scalar('losses/regularization_loss',
+                                           regularization_loss))
+      for scale, loss in sorted(towers[0].losses.items()):
+        summaries.append(tf.summary.scalar('losses/tower_0/%s' % scale, loss))
+      summaries += [tf.summary.histogram(v.op.name, v)
+                    for v in model_variables]
+      if train_options.save_summaries_images:
+        summaries += _image_summaries(towers[0], num_classes)
+      summary_op = tf.summary.merge(summaries)
+
+    # Everything needed to resume exactly: global step, momentum slots,
+    # batch-norm moving statistics.
+    saver = tf.train.Saver(max_to_keep=keep_checkpoint_max,
+                           save_relative_paths=True)
+    init_plan = None
+    if init_checkpoint:
+      exclude = ([] if train_options.initialize_last_layer
+                 else last_layer_scopes)
+      init_plan = checkpoint_init.make_init_plan(
+          init_checkpoint, model_variables, exclude_scopes=exclude,
+          last_layer_scopes=last_layer_scopes)
+      for line in init_plan.summary_lines():
+        (logging.warning if init_plan.mismatched else logging.info)(line)
+    scaffold = tf.train.Scaffold(
+        init_fn=init_plan.init_fn if init_plan else None,
+        saver=saver, summary_op=summary_op)
+
+  return {
+      'graph': graph, 'global_step': global_step, 'step_after': step_after,
+      'total_loss': total_loss, 'data_loss': data_loss,
+      'regularization_loss': regularization_loss,
+      'learning_rate': learning_rate, 'train_op': train_op,
+      'all_finite': all_finite, 'summary_op': summary_op, 'saver': saver,
+      'scaffold': scaffold, 'init_plan': init_plan, 'towers': towers,
+      'model_variables': model_variables, 'trainable_variables': trainable,
+      'grads_and_vars': grads_and_vars, 'last_layer_scopes': last_layer_scopes,
+      'batch_size': train_options.train_batch_size,
+  }

@@ -1,0 +1,239 @@
+"""Session hooks of the training loop.
+
+Order matters: `NonFiniteGuardHook` must come before `CheckpointHook` in the
+hook list. Hooks' after_run run in list order, so a non-finite loss raises
+before the checkpoint hook could save that step, and the exception leaving
+the MonitoredSession skips every hook's end(), so no final checkpoint of
+the broken weights is written either.
+"""
+import datetime
+import os
+import signal
+import time
+
+from absl import logging
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+# Stop reasons recorded by the hooks (see StopState).
+TIME_BUDGET = 'time_budget'
+SIGNAL_PREFIX = 'signal:'
+
+
+class NonFiniteLossError(RuntimeError):
+  """The loss or the updated weights are NaN or infinite."""
+
+  def __init__(self, step, loss):
+    super().__init__(
+        'non-finite loss or weights at step %d (loss %r); no checkpoint of '
+        'this step was written. Lower --base_learning_rate or check the input '
+        'labels.' % (step, loss))
+    self.step = step
+    self.loss = loss
+
+
+class StopState:
+  """Why the run was asked to stop (None: it ran to its last step)."""
+
+  def __init__(self):
+    self.reason = None
+
+  def request(self, reason):
+    if self.reason is None:
+      self.reason = reason
+
+
+class NonFiniteGuardHook(tf.train.SessionRunHook):
+  """Raises NonFiniteLossError when the step's loss or weights are not finite.
+
+  Args:
+    loss: the total loss tensor.
+    all_finite: bool tensor, true when the loss and the updated weights are
+      finite (evaluated after the update).
+    step_after: global step after the update.
+  """
+
+  def __init__(self, loss, all_finite, step_after):
+    self._fetches = {'loss': loss, 'ok': all_finite, 'step': step_after}
+
+  def before_run(self, run_context):
+    return tf.train.SessionRunArgs(self._fetches)
+
+  def after_run(self, run_context, run_values):
+    r = run_values.results
+    if not r['ok']:
+      raise NonFiniteLossError(int(r['step']), float(r['loss']))
+
+
+class SignalStopHook(tf.train.SessionRunHook):
+  """Asks the session to stop after the step when SIGTERM/SIGINT arrived.
+
+  The handlers are installed in begin() and the previous ones restored in
+  end() or by `restore()`. A second signal of the same kind gets the
+  previous behaviour (e.g. KeyboardInterrupt), for an impatient user.
+  """
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self, stop_state):
+    self._state = stop_state
+    self._previous = {}
+
+  def install(self):
+    for sig in self.SIGNALS:
+      self._previous[sig] = signal.signal(sig, self._handle)
+
+  def restore(self):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
+
+  def _handle(self, signum, frame):
+    name = signal.Signals(signum).name
+    if self._state.reason == SIGNAL_PREFIX + name:
+      previous = self._previous.get(signum)
+      if callable(previous):
+        previous(signum, frame)
+      return
+    logging.warning('%s received: stopping after this step with a final '
+                    'checkpoint', name)
+    self._state.request(SIGNAL_PREFIX + name)
+
+  def after_run(self, run_context, run_values):
+    if self._state.reason and self._state.reason.startswith(SIGNAL_PREFIX):
+      run_context.request_stop()
+
+
+class TimeBudgetHook(tf.train.SessionRunHook):
+  """Asks the session to stop once `max_seconds` passed since `start_time`."""
+
+  def __init__(self, max_seconds, start_time, stop_state):
+    self._deadline = start_time + max_seconds
+    self._state = stop_state
+
+  def after_run(self, run_context, run_values):
+    if time.time() >= self._deadline:
+      logging.info('--max_run_seconds reached: stopping with a checkpoint')
+      self._state.request(TIME_BUDGET)
+      run_context.request_stop()
+
+
+class CheckpointHook(tf.train.SessionRunHook):
+  """Saves every `save_secs` seconds and/or `save_steps` steps, and at end.
+
+  The Saver writes each file under a temporary name and renames it, and
+  updates the `checkpoint` state file the same way, so a killed run never
+  leaves a half-written latest checkpoint.
+  """
+
+  def __init__(self, saver, logdir, global_step, step_after, save_secs=None,
+               save_steps=None, filename='model.ckpt'):
+    # `step_after` runs the training step: fetch it only with the train op;
+    # `global_step` is the plain read for outside a step.
+    self._saver = saver
+    self._global_step = global_step
+    self._prefix = os.path.join(logdir, filename)
+    self._logdir = logdir
+    self._step_after = step_after
+    self._save_secs = save_secs or None
+    self._save_steps = save_steps or None
+    self._last_step = None
+    self._last_time = None
+    self.last_checkpoint = None
+
+  def after_create_session(self, session, coord):
+    step = int(session.run(self._global_step))
+    self._last_time = time.time()
+    latest = tf.train.latest_checkpoint(self._logdir)
+    if latest is None:
+      # Write the starting point (after init-from-checkpoint) and the graph
+      # for TensorBoard.
+      tf.summary.FileWriterCache.get(self._logdir).add_graph(session.graph)
+      self._save(session, step)
+    else:
+      self._last_step = step
+      self.last_checkpoint = latest
+
+  def before_run(self, run_context):
+    return tf.train.SessionRunArgs(self._step_after)
+
+  def after_run(self, run_context, run_values):
+    step = int(run_values.results)
+    due_steps = (self._save_steps is not None
+                 and step - self._last_step >= self._save_steps)
+    due_secs = (self._save_secs is not None
+                and time.time() - self._last_time >= self._save_secs)
+    if due_steps or due_secs:
+      self._save(run_context.session, step)
+
+  def end(self, session):
+    step = int(session.run(self._global_step))
+    if step != self._last_step:
+      self._save(session, step)
+
+  def _save(self, session, step):
+    self.last_checkpoint = self._saver.save(session, self._prefix,
+                                            global_step=step)
+    self._last_step = step
+    self._last_time = time.time()
+    logging.info('Saved checkpoint %s', self.last_checkpoint)
+
+
+class ProgressHook(tf.train.SessionRunHook):
+  """Logs step, loss, learning rate, images/s and ETA every `every_n_steps`.
+
+  Also keeps the last loss and step for the run's result.
+  """
+
+  def __init__(self, fetches, batch_size, last_step, every_n_steps,
+               log_fn=logging.info):
+    """fetches: {'loss': T, 'learning_rate': T, 'step': T (after update)}."""
+    self._fetches = fetches
+    self._batch_size = batch_size
+    self._last_step = last_step
+    self._every = every_n_steps
+    self._log = log_fn
+    self._mark = None
+    self.loss = None
+    self.step = None
+    self.seconds_per_step = None
+
+  def before_run(self, run_context):
+    return tf.train.SessionRunArgs(self._fetches)
+
+  def after_run(self, run_context, run_values):
+    r = run_values.results
+    self.loss, self.step = float(r['loss']), int(r['step'])
+    now = time.time()
+    if self._mark is None:
+      # The first step includes graph warm-up: time from its end.
+      self._mark = (self.step, now)
+      self._log(self._line(r, None))
+      return
+    if self.step % self._every == 0 or self.step >= self._last_step:
+      steps = self.step - self._mark[0]
+      if steps > 0:
+        self.seconds_per_step = (now - self._mark[1]) / steps
+      self._mark = (self.step, now)
+      self._log(self._line(r, self.seconds_per_step))
+
+  def _line(self, r, sec_per_step):
+    parts = ['step %d/%d' % (self.step, self._last_step),
+             'loss %.4f' % self.loss,
+             'lr %.3g' % float(r['learning_rate'])]
+    if sec_per_step:
+      eta = max(self._last_step - self.step, 0) * sec_per_step
+      parts += ['%.3g s/step' % sec_per_step,
+                '%.3g images/s' % (self._batch_size / sec_per_step),
+                'ETA %s' % datetime.timedelta(seconds=int(round(eta)))]
+    return '  '.join(parts)
+
+
+def weights_are_finite(variables):
+  """bool tensor: every value of `variables` is finite."""
+  return tf.reduce_all(tf.stack(
+      [tf.reduce_all(tf.math.is_finite(v)) for v in variables]))
+
+
+def is_finite_number(x):
+  return x is not None and bool(np.isfinite(x))

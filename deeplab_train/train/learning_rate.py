@@ -1,0 +1,54 @@
+"""Learning-rate schedules of the original trainer, keyed on the global step.
+
+All schedules count from the end of the slow start: with
+`s = max(step - slow_start_step, 0)` and `T = training_number_of_steps -
+slow_start_step`,
+
+  poly:   base * (1 - min(s, T) / T) ** learning_power
+  step:   base * learning_rate_decay_factor ** floor(s / learning_rate_decay_step)
+  cosine: base * 0.5 * (1 + cos(pi * min(s, T) / T))
+
+and before `slow_start_step` the rate is `slow_start_learning_rate`. Because
+the rate is a function of the global step only, a resumed run continues the
+same schedule.
+"""
+import math
+
+import tensorflow.compat.v1 as tf
+
+
+def learning_rate(global_step, options):
+  """The learning-rate tensor.
+
+  Args:
+    global_step: int64 scalar tensor.
+    options: TrainOptions (learning_policy, base_learning_rate,
+      learning_rate_decay_factor, learning_rate_decay_step, learning_power,
+      training_number_of_steps, slow_start_step, slow_start_learning_rate).
+
+  Returns:
+    float32 scalar tensor.
+
+  Raises:
+    ValueError: unknown learning policy.
+  """
+  with tf.name_scope('learning_rate'):
+    step = tf.cast(global_step, tf.float32)
+    s = tf.maximum(step - options.slow_start_step, 0.0)
+    horizon = float(options.training_number_of_steps - options.slow_start_step)
+    base = options.base_learning_rate
+    progress = tf.minimum(s, horizon) / horizon
+    if options.learning_policy == 'poly':
+      rate = base * tf.pow(1.0 - progress, options.learning_power)
+    elif options.learning_policy == 'step':
+      rate = base * tf.pow(options.learning_rate_decay_factor,
+                           tf.floor(s / options.learning_rate_decay_step))
+    elif options.learning_policy == 'cosine':
+      rate = base * 0.5 * (1.0 + tf.cos(math.pi * progress))
+    else:
+      raise ValueError('unknown learning policy %r' % options.learning_policy)
+    if options.slow_start_step > 0:
+      rate = tf.where(step < options.slow_start_step,
+                      tf.constant(options.slow_start_learning_rate, tf.float32),
+                      rate)
+    return tf.identity(rate, name='value')

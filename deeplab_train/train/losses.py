@@ -1,0 +1,151 @@
+"""Per-pixel softmax cross-entropy of the original DeepLab trainer.
+
+For each scale's logits: logits are upsampled to the label size (or labels
+downsampled with nearest neighbour when `upsample_logits` is off), pixels
+with `ignore_label` get weight 0, others 1 or their class's entry of
+`label_weights`; the loss is the weighted sum divided by the number of
+non-ignored pixels of the tower's batch. With `top_k_percent_pixels < 1`
+only the largest per-pixel losses count (hard pixel mining), their share
+shrinking linearly from 100 % to `top_k_percent_pixels` over the first
+`hard_example_mining_step` steps.
+
+Because each tower normalises by its own pixel count, the average of the
+tower losses equals the loss of the whole batch exactly when every tower has
+the same number of non-ignored pixels (e.g. no ignore pixels).
+"""
+import tensorflow.compat.v1 as tf
+
+
+def label_weight_mask(labels, ignore_label, num_classes, label_weights=None):
+  """Per-pixel weights: 0 for ignored pixels, else 1 or the class weight.
+
+  Args:
+    labels: int tensor of any shape.
+    ignore_label: the label value that carries no loss.
+    num_classes: number of classes.
+    label_weights: None, a float, or a sequence of `num_classes` floats.
+
+  Returns:
+    float32 tensor shaped like `labels`.
+
+  Raises:
+    ValueError: `label_weights` has the wrong length.
+  """
+  keep = tf.cast(tf.not_equal(labels, ignore_label), tf.float32)
+  if label_weights is None:
+    return keep
+  if isinstance(label_weights, (int, float)):
+    return keep * float(label_weights)
+  label_weights = [float(w) for w in label_weights]
+  if len(label_weights) != num_classes:
+    raise ValueError('label_weights has %d values for %d classes'
+                     % (len(label_weights), num_classes))
+  # Ignored pixels may hold a value outside [0, num_classes): clamp before
+  # the lookup; `keep` zeroes them anyway.
+  safe = tf.clip_by_value(labels, 0, num_classes - 1)
+  return keep * tf.gather(tf.constant(label_weights, tf.float32), safe)
+
+
+def _safe_mean(total, count):
+  """total / count, and 0 when nothing counts (the original's rule)."""
+  return tf.cast(count > 0, tf.float32) * tf.math.divide(
+      total, tf.maximum(1e-5, count))
+
+
+def top_k_pixel_count(num_pixels, top_k_percent_pixels,
+                      hard_example_mining_step=0, global_step=None):
+  """How many pixels the hard-example loss keeps at this step.
+
+  Args:
+    num_pixels: float32 scalar tensor.
+    top_k_percent_pixels: final share of pixels kept.
+    hard_example_mining_step: steps over which the share shrinks from 1 to
+      `top_k_percent_pixels` (0: from the start).
+    global_step: the step tensor (needed when hard_example_mining_step > 0).
+
+  Returns:
+    int32 scalar tensor.
+  """
+  if hard_example_mining_step == 0:
+    share = tf.constant(top_k_percent_pixels, tf.float32)
+  else:
+    if global_step is None:
+      raise ValueError('hard_example_mining_step needs the global step')
+    ratio = tf.minimum(
+        1.0, tf.cast(global_step, tf.float32) / hard_example_mining_step)
+    share = ratio * top_k_percent_pixels + (1.0 - ratio)
+  return tf.cast(share * num_pixels, tf.int32)
+
+
+def pixel_loss(logits, labels, num_classes, ignore_label, label_weights=None,
+               upsample_logits=True, top_k_percent_pixels=1.0,
+               hard_example_mining_step=0, global_step=None, name=None):
+  """The softmax cross-entropy loss of one scale's logits.
+
+  Args:
+    logits: float [B, h, w, num_classes].
+    labels: int [B, H, W, 1].
+    num_classes: number of classes.
+    ignore_label: label value with no loss.
+    label_weights: None, a float or one float per class.
+    upsample_logits: resize the logits to the labels (bilinear,
+      align_corners) rather than the labels to the logits (nearest).
+    top_k_percent_pixels: share of the hardest pixels kept (1: all).
+    hard_example_mining_step: see `top_k_pixel_count`.
+    global_step: step tensor for the hard-example schedule.
+    name: name scope.
+
+  Returns:
+    float32 scalar loss.
+  """
+  with tf.name_scope(name, 'pixel_loss', [logits, labels]):
+    logits = tf.cast(logits, tf.float32)
+    if upsample_logits:
+      logits = tf.image.resize_bilinear(logits, tf.shape(labels)[1:3],
+                                        align_corners=True)
+    else:
+      labels = tf.image.resize_nearest_neighbor(labels, tf.shape(logits)[1:3],
+                                                align_corners=True)
+    labels = tf.reshape(labels, [-1])
+    logits = tf.reshape(logits, [-1, num_classes])
+    weights = label_weight_mask(labels, ignore_label, num_classes,
+                                label_weights)
+    # one_hot of an ignored value >= num_classes is all zeros; its weight is
+    # 0 in any case.
+    targets = tf.stop_gradient(tf.one_hot(labels, num_classes))
+    losses = tf.nn.softmax_cross_entropy_with_logits_v2(
+        labels=targets, logits=logits, name='pixel_losses') * weights
+    if top_k_percent_pixels == 1.0:
+      count = tf.reduce_sum(tf.cast(tf.not_equal(labels, ignore_label),
+                                    tf.float32))
+      return _safe_mean(tf.reduce_sum(losses), count)
+    k = top_k_pixel_count(tf.cast(tf.shape(losses)[0], tf.float32),
+                          top_k_percent_pixels, hard_example_mining_step,
+                          global_step)
+    hardest, _ = tf.nn.top_k(losses, k=k, sorted=True, name='top_k_pixels')
+    # The original counts the kept pixels whose loss is not exactly 0.
+    count = tf.reduce_sum(tf.cast(tf.not_equal(hardest, 0.0), tf.float32))
+    return _safe_mean(tf.reduce_sum(hardest), count)
+
+
+def scales_loss(scales_to_logits, labels, num_classes, ignore_label,
+                **loss_kwargs):
+  """Sum of `pixel_loss` over every scale's logits (merged and per scale).
+
+  Args:
+    scales_to_logits: {'merged_logits': T, 'logits_1.00': T, ...}.
+    labels: int [B, H, W, 1].
+    num_classes, ignore_label: as for `pixel_loss`.
+    **loss_kwargs: the other `pixel_loss` arguments.
+
+  Returns:
+    (total float32 scalar, {scale name: loss}).
+  """
+  per_scale = {}
+  for scale in sorted(scales_to_logits):
+    per_scale[scale] = pixel_loss(scales_to_logits[scale], labels,
+                                  num_classes, ignore_label,
+                                  name='loss_' + scale.replace('.', '_'),
+                                  **loss_kwargs)
+  total = tf.add_n(list(per_scale.values()), name='data_loss')
+  return total, per_scale

@@ -1,0 +1,171 @@
+"""Towers: one copy of the network per device, sharing its variables.
+
+The batch is split into `num_clones` equal shares; tower i runs on its device
+(`/gpu:i`, or the CPU with `clone_on_cpu`) and computes the loss of its
+share. Variables are created by tower 0 only, on the variables device (the
+CPU, or a replica_device_setter for distributed runs), and reused by the
+others. Gradients are computed on each tower's device and averaged on the
+CPU; the weight-decay gradient is added once, so two towers on halves of a
+batch give the gradient of one tower on the whole batch.
+"""
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional
+
+import tensorflow.compat.v1 as tf
+
+from deeplab_train.model import layers
+
+# Op types that hold variable state; these go to the variables device.
+_VARIABLE_OP_TYPES = frozenset(
+    ['Variable', 'VariableV2', 'VarHandleOp', 'AutoReloadVariable',
+     'MutableHashTable', 'MutableHashTableV2', 'MutableHashTableOfTensors',
+     'MutableHashTableOfTensorsV2', 'MutableDenseHashTable',
+     'MutableDenseHashTableV2'])
+
+
+def tower_devices(num_clones, clone_on_cpu=False, device_pattern=None):
+  """The device of each tower.
+
+  Args:
+    num_clones: number of towers.
+    clone_on_cpu: put every tower on '/cpu:0' (as the original).
+    device_pattern: overrides both, e.g. '/cpu:%d' for towers on several
+      CPU devices (`ConfigProto(device_count={'CPU': N})`).
+
+  Returns:
+    A list of `num_clones` device strings.
+  """
+  if device_pattern:
+    return [device_pattern % i for i in range(num_clones)]
+  if clone_on_cpu:
+    return ['/cpu:0'] * num_clones
+  return ['/gpu:%d' % i for i in range(num_clones)]
+
+
+def device_chooser(compute_device, variables_device):
+  """A device function: variables on `variables_device`, the rest on
+  `compute_device`.
+
+  Args:
+    compute_device: device string for the computation.
+    variables_device: device string, or a device function (e.g.
+      `tf.train.replica_device_setter`) used for variable ops.
+
+  Returns:
+    fn(op) -> device string.
+  """
+  def choose(op):
+    if op.type in _VARIABLE_OP_TYPES:
+      if callable(variables_device):
+        return variables_device(op)
+      return variables_device
+    return compute_device
+  return choose
+
+
+@dataclasses.dataclass
+class Tower:
+  """What one tower built.
+
+  Attributes:
+    index: tower number.
+    device: its compute device.
+    name_scope: its name scope ('tower_0/').
+    data_loss: the tower's loss without weight decay.
+    losses: named scalar losses of the tower (per scale).
+    outputs: what `tower_fn` returned besides the losses.
+    regularization_losses / update_ops: recorded by the layers (tower 0
+      creates the variables, so only its list is complete).
+  """
+  index: int
+  device: str
+  name_scope: str
+  data_loss: tf.Tensor
+  losses: Dict[str, tf.Tensor]
+  outputs: Any
+  regularization_losses: List[tf.Tensor]
+  update_ops: List[tf.Operation]
+
+
+def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0'):
+  """Builds one tower per device.
+
+  Args:
+    tower_fn: fn(index) -> (data_loss, {name: loss}, outputs); builds the
+      network and loss of tower `index` in the current scopes.
+    devices: list of compute devices, one per tower.
+    variables_device: where variables live (string or device function).
+
+  Returns:
+    A list of `Tower`.
+  """
+  towers = []
+  for i, device in enumerate(devices):
+    # The variable scope is entered before the name scope: re-entering the
+    # root variable scope would otherwise reset the name scope to the root.
+    with tf.variable_scope(tf.get_variable_scope(), reuse=True if i else None):
+      with tf.name_scope('tower_%d' % i) as name_scope:
+        with tf.device(device_chooser(device, variables_device)):
+          with layers.recording() as rec:
+            data_loss, losses, outputs = tower_fn(i)
+    towers.append(Tower(i, device, name_scope, data_loss, losses, outputs,
+                        list(rec.regularization_losses),
+                        list(rec.update_ops)))
+  return towers
+
+
+def averaged_gradients(towers: List[Tower], variables,
+                       regularization_loss: Optional[tf.Tensor] = None,
+                       average_device='/cpu:0'):
+  """Mean over towers of d(data_loss)/dv, plus d(regularization)/dv once.
+
+  Args:
+    towers: the built towers.
+    variables: the trainable variables.
+    regularization_loss: scalar weight-decay loss (from tower 0), or None.
+    average_device: where the averaging runs.
+
+  Returns:
+    A list of (gradient, variable) for variables with a gradient.
+  """
+  per_tower = []
+  for tower in towers:
+    with tf.name_scope(tower.name_scope), tf.device(tower.device):
+      per_tower.append(tf.gradients(tower.data_loss, variables,
+                                    colocate_gradients_with_ops=True))
+  reg = [None] * len(variables)
+  if regularization_loss is not None:
+    with tf.name_scope(towers[0].name_scope), tf.device(towers[0].device):
+      reg = tf.gradients(regularization_loss, variables,
+                         colocate_gradients_with_ops=True)
+  out = []
+  with tf.name_scope('average_gradients'), tf.device(average_device):
+    for k, var in enumerate(variables):
+      grads = [g[k] for g in per_tower if g[k] is not None]
+      terms = []
+      if grads:
+        if len(grads) != len(towers):
+          raise ValueError('variable %s has a gradient in some towers only'
+                           % var.op.name)
+        mean = grads[0] if len(grads) == 1 else tf.add_n(grads) / len(grads)
+        terms.append(mean)
+      if reg[k] is not None:
+        terms.append(reg[k])
+      if terms:
+        out.append((terms[0] if len(terms) == 1 else tf.add_n(terms), var))
+  return out
+
+
+def multiply_gradients(grads_and_vars, multipliers):
+  """Scales each variable's gradient by `multipliers.get(var, 1)`."""
+  out = []
+  for grad, var in grads_and_vars:
+    mult = multipliers.get(var)
+    if mult is not None and grad is not None:
+      if isinstance(grad, tf.IndexedSlices):
+        grad = tf.IndexedSlices(grad.values * mult, grad.indices,
+                                grad.dense_shape)
+      else:
+        grad = grad * mult
+    out.append((grad, var))
+  return out

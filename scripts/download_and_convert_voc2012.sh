@@ -1,0 +1,416 @@
+#!/usr/bin/env bash
+# Downloads PASCAL VOC 2012 (or takes a local tarball / extracted folder),
+# verifies the tarball's checksum, extracts it and converts it into sharded
+# TFRecords + dataset.json with deeplab-build-data (palette labels become
+# class-id labels there). Optionally adds the SBD `train_aug` split.
+#
+# Every step ends by writing a marker under $WORK_DIR/.done (atomically, after
+# its output is renamed into place); a re-run skips the steps whose marker
+# matches their inputs, and an interrupted run leaves only temp names behind.
+set -euo pipefail
+
+SCRIPT_NAME=$(basename "$0")
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+readonly DEFAULT_URL="http://host.robots.ox.ac.uk/pascal/VOC/voc2012/VOCtrainval_11-May-2012.tar"
+readonly OFFICIAL_TARBALL="VOCtrainval_11-May-2012.tar"
+# MD5 of the official VOCtrainval_11-May-2012.tar (as published by the
+# dataset loaders that verify it, e.g. torchvision's VOC dataset).
+readonly OFFICIAL_MD5="6cd6e144f989b92b3379bac3b3de84fd"
+
+usage() {
+  cat <<EOF
+Usage: $SCRIPT_NAME [options] [SOURCE]
+
+Builds PASCAL VOC 2012 TFRecords and dataset.json for deeplab-train.
+
+SOURCE (default \$VOC_SOURCE, else the official URL):
+  an http(s)/ftp/file:// URL   downloaded into \$DOWNLOAD_DIR, then verified
+  a local .tar file            verified, then extracted
+  an extracted folder          VOCdevkit/, its parent, or VOC2012/ itself
+                               (JPEGImages, SegmentationClass, ImageSets)
+
+Options (each also settable by the environment variable in brackets):
+  --work_dir DIR       where everything is written [WORK_DIR, ./pascal_voc_seg]
+  --output_dir DIR     TFRecords + dataset.json [OUTPUT_DIR, \$WORK_DIR/tfrecord]
+  --checksum HEX       expected MD5 (32 hex digits) or SHA-256 (64) of the
+                       tarball [CHECKSUM]. The official tarball is checked
+                       against its known MD5 by default; any other tarball
+                       without --checksum is used unverified, with a warning.
+  --sbd_labels DIR     SBD labels as PNGs of class ids or palette indices
+                       (e.g. SegmentationClassAug) [SBD_LABELS]; adds the
+                       train_aug split (VOC labels win where both exist)
+  --train_aug_list F   ids of train_aug [TRAIN_AUG_LIST]; default: the SBD
+                       ids plus VOC train, minus VOC val
+  --num_shards N       shards per split [NUM_SHARDS, 4]
+  -h, --help           this text
+
+Other environment variables:
+  DOWNLOAD_DIR         where a URL is downloaded to [\$WORK_DIR]
+  BUILD_EXTRA_FLAGS    extra deeplab-build-data flags (space separated)
+
+Re-running skips finished steps; delete \$WORK_DIR/.done to redo them all.
+Example:
+  $SCRIPT_NAME --work_dir /data/pascal_voc_seg
+  $SCRIPT_NAME ~/Downloads/VOCtrainval_11-May-2012.tar
+EOF
+}
+
+# --- steps and markers ------------------------------------------------------
+
+readonly STEPS=(download verify extract lists tfrecord)
+
+marker_path() { printf '%s/.done/%s\n' "$WORK_DIR" "$1"; }
+
+# Succeeds when step $1 finished earlier with the same inputs (key $2).
+step_done() {
+  local marker
+  marker=$(marker_path "$1")
+  [[ -f $marker ]] && [[ $(cat "$marker") == "$(key_hash "$2")" ]]
+}
+
+# Records that step $1 finished with inputs $2; written last, atomically.
+mark_done() {
+  key_hash "$2" | write_atomic "$(marker_path "$1")"
+}
+
+# Forgets step $1 and every later step (they used its output).
+invalidate_from() {
+  local step found=0
+  for step in "${STEPS[@]}"; do
+    if [[ $step == "$1" ]]; then
+      found=1
+    fi
+    if ((found)); then
+      rm -f "$(marker_path "$step")"
+    fi
+  done
+}
+
+key_hash() { printf '%s' "$1" | sha256sum | cut -d ' ' -f 1; }
+
+# "path|size|mtime": changes when the file is replaced or modified.
+file_key() { stat -L -c '%n|%s|%Y' "$1"; }
+
+# Hash of a folder's file list with sizes and mtimes (content changes show).
+folder_key() {
+  (cd "$1" && find -L . -type f -printf '%P\t%s\t%T@\n' | LC_ALL=C sort | sha256sum | cut -d ' ' -f 1)
+}
+
+# --- source ----------------------------------------------------------------
+
+is_url() { [[ $1 =~ ^(https?|ftp|file):// ]]; }
+
+download() {
+  local url=$1 dest=$2
+  if command -v curl >/dev/null 2>&1; then
+    run curl -fL --retry 3 -C - -o "$dest.part" "$url"
+  elif command -v wget >/dev/null 2>&1; then
+    run wget -c -O "$dest.part" "$url"
+  else
+    die "neither curl nor wget is installed: download $url yourself and pass the file"
+  fi
+  mv -f "$dest.part" "$dest"
+}
+
+# Prints the expected checksum for tarball $1 (from --checksum, or the known
+# one for the official file), or nothing when it cannot be verified.
+expected_checksum() {
+  local name
+  if [[ -n $CHECKSUM ]]; then
+    printf '%s\n' "$CHECKSUM"
+    return
+  fi
+  name=$(basename "$1")
+  if [[ $name == "$OFFICIAL_TARBALL" ]]; then
+    printf '%s\n' "$OFFICIAL_MD5"
+  fi
+}
+
+checksum_of() {
+  case ${#2} in
+    32) md5sum "$1" | cut -d ' ' -f 1 ;;
+    64) sha256sum "$1" | cut -d ' ' -f 1 ;;
+    *) die "--checksum must be an MD5 (32 hex digits) or SHA-256 (64 hex digits), got '$2'" ;;
+  esac
+}
+
+fetch_tarball() {
+  local name
+  name=$(basename "${SOURCE%%\?*}")
+  TARBALL="$DOWNLOAD_DIR/$name"
+  mkdir -p "$DOWNLOAD_DIR"
+  if [[ -f $TARBALL ]] && step_done download "$SOURCE"; then
+    log "download: $TARBALL already downloaded, skipping"
+    return
+  fi
+  invalidate_from download
+  log "download: $SOURCE -> $TARBALL"
+  download "$SOURCE" "$TARBALL"
+  mark_done download "$SOURCE"
+}
+
+verify_tarball() {
+  local expected actual key
+  expected=$(expected_checksum "$TARBALL")
+  expected=${expected,,}
+  if [[ -z $expected ]]; then
+    log "WARNING: no checksum for $(basename "$TARBALL") (not the official $OFFICIAL_TARBALL): using it unverified; pass --checksum to verify it"
+    return
+  fi
+  key="$(file_key "$TARBALL")|$expected"
+  if step_done verify "$key"; then
+    log "verify: checksum of $TARBALL checked earlier, skipping"
+    return
+  fi
+  invalidate_from verify
+  log "verify: checking the checksum of $TARBALL"
+  actual=$(checksum_of "$TARBALL" "$expected")
+  if [[ $actual != "$expected" ]]; then
+    if [[ $SOURCE_KIND == url ]]; then
+      rm -f "$TARBALL"
+      die "checksum mismatch for the download of $SOURCE (expected $expected, got $actual); the file was removed, re-run to download it again"
+    fi
+    die "checksum mismatch for $TARBALL: expected $expected, got $actual (a truncated or different file?)"
+  fi
+  mark_done verify "$key"
+}
+
+# Prints the VOC2012-like folder (with JPEGImages/) inside folder $1.
+find_voc_root() {
+  local candidate
+  for candidate in "$1/VOCdevkit/VOC2012" "$1/VOC2012" "$1"; do
+    if [[ -d "$candidate/JPEGImages" ]]; then
+      printf '%s\n' "$candidate"
+      return
+    fi
+  done
+  candidate=$(find "$1" -maxdepth 4 -type d -name JPEGImages -print -quit)
+  if [[ -n $candidate ]]; then
+    dirname "$candidate"
+  fi
+}
+
+extract_tarball() {
+  local key tmp root
+  key="$(file_key "$TARBALL")"
+  VOC_ROOT="$WORK_DIR/VOCdevkit/VOC2012"
+  if [[ -d $VOC_ROOT ]] && step_done extract "$key"; then
+    log "extract: $VOC_ROOT extracted earlier, skipping"
+    return
+  fi
+  invalidate_from extract
+  tmp="$WORK_DIR/.extract.tmp"
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
+  log "extract: $TARBALL -> $VOC_ROOT"
+  tar -xf "$TARBALL" -C "$tmp" || die "cannot extract $TARBALL (not a tar file, or truncated)"
+  root=$(find_voc_root "$tmp")
+  [[ -n $root ]] || die "$TARBALL holds no VOC folder (expected VOCdevkit/VOC2012/JPEGImages)"
+  mkdir -p "$WORK_DIR/VOCdevkit"
+  rm -rf "$VOC_ROOT"
+  mv "$root" "$VOC_ROOT"
+  rm -rf "$tmp"
+  mark_done extract "$key"
+}
+
+check_voc_root() {
+  local sub
+  for sub in JPEGImages SegmentationClass ImageSets/Segmentation; do
+    [[ -d "$VOC_ROOT/$sub" ]] || die "$VOC_ROOT/$sub is missing: is $SOURCE a PASCAL VOC 2012 folder or tarball?"
+  done
+}
+
+# --- lists and labels --------------------------------------------------------
+
+# Prints the train_aug ids: SBD ids plus VOC train, minus VOC val, keeping
+# only ids that have an image.
+default_train_aug_ids() {
+  local seg=$VOC_ROOT/ImageSets/Segmentation id
+  {
+    find -L "$SBD_LABELS" -maxdepth 1 -name '*.png' -printf '%f\n' | sed 's/\.png$//'
+    cat "$seg/train.txt"
+  } | tr -d '\r' | LC_ALL=C sort -u | LC_ALL=C comm -23 - <(tr -d '\r' <"$seg/val.txt" | LC_ALL=C sort -u) |
+    while IFS= read -r id; do
+      if [[ -n $id && -f "$VOC_ROOT/JPEGImages/$id.jpg" ]]; then
+        printf '%s\n' "$id"
+      fi
+    done
+}
+
+# Symlinks SBD labels, then VOC labels over them, into folder $1.
+merge_labels() {
+  local out=$1 f
+  mkdir -p "$out"
+  for f in "$(realpath "$SBD_LABELS")"/*.png "$(realpath "$VOC_ROOT/SegmentationClass")"/*.png; do
+    if [[ -e $f ]]; then
+      ln -sfn "$f" "$out/$(basename "$f")"
+    fi
+  done
+}
+
+make_lists() {
+  local key tmp
+  key="$SOURCE_KEY|sbd=$SBD_KEY"
+  LIST_DIR="$WORK_DIR/lists"
+  LABEL_DIR="$VOC_ROOT/SegmentationClass"
+  if [[ -n $SBD_LABELS ]]; then
+    LABEL_DIR="$WORK_DIR/SegmentationClassAug"
+  fi
+  if [[ -d $LIST_DIR && -d $LABEL_DIR ]] && step_done lists "$key"; then
+    log "lists: split lists made earlier, skipping"
+    return
+  fi
+  invalidate_from lists
+  log "lists: collecting the split lists into $LIST_DIR"
+  tmp="$WORK_DIR/.lists.tmp"
+  rm -rf "$tmp" "$tmp.labels"
+  mkdir -p "$tmp"
+  cp "$VOC_ROOT"/ImageSets/Segmentation/*.txt "$tmp/"
+  if [[ -n $SBD_LABELS ]]; then
+    log "lists: adding the SBD train_aug split from $SBD_LABELS"
+    if [[ -n $TRAIN_AUG_LIST ]]; then
+      cp "$TRAIN_AUG_LIST" "$tmp/train_aug.txt"
+    else
+      default_train_aug_ids >"$tmp/train_aug.txt"
+    fi
+    [[ -s "$tmp/train_aug.txt" ]] || die "train_aug would be empty: no SBD label in $SBD_LABELS has an image in $VOC_ROOT/JPEGImages"
+    merge_labels "$tmp.labels"
+    rm -rf "$LABEL_DIR"
+    mv "$tmp.labels" "$LABEL_DIR"
+  fi
+  rm -rf "$LIST_DIR"
+  mv "$tmp" "$LIST_DIR"
+  mark_done lists "$key"
+}
+
+# --- TFRecords ---------------------------------------------------------------
+
+build_tfrecords() {
+  local key tmp extra
+  split_words extra "$BUILD_EXTRA_FLAGS"
+  key="$SOURCE_KEY|sbd=$SBD_KEY|shards=$NUM_SHARDS|out=$OUTPUT_DIR|${extra[*]}"
+  if [[ -f "$OUTPUT_DIR/dataset.json" ]] && step_done tfrecord "$key"; then
+    log "tfrecord: $OUTPUT_DIR built earlier, skipping"
+    return
+  fi
+  invalidate_from tfrecord
+  tmp="$(dirname "$OUTPUT_DIR")/.$(basename "$OUTPUT_DIR").tmp"
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
+  log "tfrecord: converting $VOC_ROOT into $OUTPUT_DIR"
+  run deeplab-build-data \
+    --image_folder="$VOC_ROOT/JPEGImages" \
+    --semantic_segmentation_folder="$LABEL_DIR" \
+    --list_folder="$LIST_DIR" \
+    --image_format=jpg \
+    --output_dir="$tmp" \
+    --num_shards="$NUM_SHARDS" \
+    --dataset_name=pascal_voc_seg \
+    ${extra[@]+"${extra[@]}"} || die "deeplab-build-data failed (see above); nothing was replaced"
+  [[ -f "$tmp/dataset.json" ]] || die "deeplab-build-data wrote no dataset.json in $tmp"
+  rm -rf "$OUTPUT_DIR"
+  mv "$tmp" "$OUTPUT_DIR"
+  mark_done tfrecord "$key"
+}
+
+# --- main ----------------------------------------------------------------------
+
+parse_args() {
+  local arg positional=0
+  SOURCE=${VOC_SOURCE:-}
+  while (($#)); do
+    arg=$1
+    shift
+    if [[ $arg == --*=* ]]; then
+      set -- "${arg#*=}" "$@"
+      arg=${arg%%=*}
+    fi
+    case $arg in
+      -h | --help) usage; exit 0 ;;
+      --work_dir | --output_dir | --checksum | --sbd_labels | --train_aug_list | --num_shards)
+        (($#)) || die "$arg needs a value (see -h)"
+        case $arg in
+          --work_dir) WORK_DIR=$1 ;;
+          --output_dir) OUTPUT_DIR=$1 ;;
+          --checksum) CHECKSUM=$1 ;;
+          --sbd_labels) SBD_LABELS=$1 ;;
+          --train_aug_list) TRAIN_AUG_LIST=$1 ;;
+          --num_shards) NUM_SHARDS=$1 ;;
+        esac
+        shift
+        ;;
+      -*) die "unknown option '$arg' (see -h)" ;;
+      *)
+        ((!positional)) || die "only one SOURCE may be given (got '$SOURCE' and '$arg')"
+        SOURCE=$arg
+        positional=1
+        ;;
+    esac
+  done
+}
+
+main() {
+  WORK_DIR=${WORK_DIR:-./pascal_voc_seg}
+  OUTPUT_DIR=${OUTPUT_DIR:-}
+  CHECKSUM=${CHECKSUM:-}
+  SBD_LABELS=${SBD_LABELS:-}
+  TRAIN_AUG_LIST=${TRAIN_AUG_LIST:-}
+  NUM_SHARDS=${NUM_SHARDS:-4}
+  BUILD_EXTRA_FLAGS=${BUILD_EXTRA_FLAGS:-}
+  parse_args "$@"
+  SOURCE=${SOURCE:-$DEFAULT_URL}
+  OUTPUT_DIR=${OUTPUT_DIR:-$WORK_DIR/tfrecord}
+  require_int NUM_SHARDS "$NUM_SHARDS"
+  if [[ -n $SBD_LABELS ]]; then
+    [[ -d $SBD_LABELS ]] || die "--sbd_labels=$SBD_LABELS is not a folder"
+    SBD_KEY="$(realpath "$SBD_LABELS")|$(folder_key "$SBD_LABELS")"
+    if [[ -n $TRAIN_AUG_LIST ]]; then
+      [[ -f $TRAIN_AUG_LIST ]] || die "--train_aug_list=$TRAIN_AUG_LIST is not a file"
+      SBD_KEY+="|$(file_key "$TRAIN_AUG_LIST")"
+    fi
+  else
+    SBD_KEY=none
+    [[ -z $TRAIN_AUG_LIST ]] || die "--train_aug_list needs --sbd_labels"
+  fi
+  need_cmd deeplab-build-data tar sha256sum md5sum flock
+
+  mkdir -p "$WORK_DIR/.done"
+  WORK_DIR=$(realpath "$WORK_DIR")
+  OUTPUT_DIR=$(realpath -m "$OUTPUT_DIR")
+  DOWNLOAD_DIR=$(realpath -m "${DOWNLOAD_DIR:-$WORK_DIR}")
+  exec 9>>"$WORK_DIR/.lock"
+  flock -n 9 || die "another $SCRIPT_NAME is working in $WORK_DIR (lock $WORK_DIR/.lock)"
+
+  if is_url "$SOURCE"; then
+    SOURCE_KIND=url
+    fetch_tarball
+  elif [[ -d $SOURCE ]]; then
+    SOURCE_KIND=folder
+  elif [[ -f $SOURCE ]]; then
+    SOURCE_KIND=tarball
+    TARBALL=$(realpath "$SOURCE")
+  else
+    die "SOURCE '$SOURCE' is not a URL, a file or a folder (see -h)"
+  fi
+
+  if [[ $SOURCE_KIND == folder ]]; then
+    VOC_ROOT=$(find_voc_root "$SOURCE")
+    [[ -n $VOC_ROOT ]] || die "$SOURCE holds no JPEGImages folder: pass VOCdevkit/, its parent or VOC2012/"
+    VOC_ROOT=$(realpath "$VOC_ROOT")
+    check_voc_root
+    SOURCE_KEY="folder|$VOC_ROOT|$(folder_key "$VOC_ROOT")"
+    log "source: using the extracted folder $VOC_ROOT as it is"
+  else
+    verify_tarball
+    extract_tarball
+    check_voc_root
+    SOURCE_KEY="tarball|$(file_key "$TARBALL")"
+  fi
+  make_lists
+  build_tfrecords
+  log "done: TFRecords and dataset.json in $OUTPUT_DIR"
+}
+
+main "$@"

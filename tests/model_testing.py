@@ -1,0 +1,135 @@
+"""Shared helpers for the model tests: manifests, graph building, variables.
+
+The reference manifests (../shared/reference/manifests/*.json) record the
+variables of the original DeepLab's training graph for a configuration;
+these helpers turn a manifest's config into our ModelOptions, build our
+graph the same way and list what it created.
+"""
+import json
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from deeplab_train.config import ModelOptions
+from deeplab_train.model import deeplab
+from deeplab_train.model import layers
+
+tf.disable_v2_behavior()
+
+MANIFEST_NAMES = (
+    'mobilenet_v2_os8',
+    'mobilenet_v2_os16_dec4',
+    'xception_41',
+    'xception_65',
+    'xception_71',
+    'resnet_v1_50_beta',
+    'resnet_v1_101_beta',
+)
+
+
+def load_manifest(reference_dir, name):
+  with open(reference_dir / 'manifests' / (name + '.json')) as f:
+    return json.load(f)
+
+
+def _ints_or_none(values):
+  # The original's flags are multi-strings (decoder_output_stride ['4']).
+  return None if values is None else tuple(int(v) for v in values)
+
+
+def options_from_manifest_config(config):
+  """ModelOptions equivalent to a manifest's `config`."""
+  return ModelOptions(
+      num_classes=int(config['num_classes']),
+      model_variant=config['model_variant'],
+      crop_size=_ints_or_none(config['crop_size']),
+      atrous_rates=_ints_or_none(config['atrous_rates']),
+      output_stride=int(config['output_stride']),
+      decoder_output_stride=_ints_or_none(config['decoder_output_stride']),
+      multi_grid=_ints_or_none(config['multi_grid']),
+      add_image_level_feature=config['add_image_level_feature'],
+      aspp_with_batch_norm=config['aspp_with_batch_norm'],
+      aspp_with_separable_conv=config['aspp_with_separable_conv'],
+      decoder_use_separable_conv=config['decoder_use_separable_conv'],
+      logits_kernel_size=int(config['logits_kernel_size']),
+      depth_multiplier=float(config['depth_multiplier']),
+  ).validate()
+
+
+def build_logits(options, batch_size=2, crop_size=None, image_pyramid=None,
+                 weight_decay=0.0001, is_training=True,
+                 fine_tune_batch_norm=True):
+  """Builds multi_scale_logits in the current graph on a placeholder.
+
+  Returns:
+    (images placeholder, outputs dict, layers.Recorder).
+  """
+  crop = crop_size or options.crop_size
+  images = tf.placeholder(tf.float32, [batch_size, crop[0], crop[1], 3],
+                          name='images')
+  with layers.recording() as rec:
+    outputs = deeplab.multi_scale_logits(
+        images, options, image_pyramid=image_pyramid,
+        weight_decay=weight_decay, is_training=is_training,
+        fine_tune_batch_norm=fine_tune_batch_norm)
+  return images, outputs, rec
+
+
+def build_training_graph_from_manifest(manifest, batch_size=2):
+  """Our training graph for a manifest's config, in a fresh tf.Graph.
+
+  Returns:
+    (graph, outputs dict, layers.Recorder).
+  """
+  config = manifest['config']
+  options = options_from_manifest_config(config)
+  graph = tf.Graph()
+  with graph.as_default():
+    _, outputs, rec = build_logits(
+        options, batch_size=batch_size,
+        image_pyramid=config.get('image_pyramid'),
+        weight_decay=config['weight_decay'],
+        is_training=config['is_training'],
+        fine_tune_batch_norm=config['fine_tune_batch_norm'])
+  return graph, outputs, rec
+
+
+def variable_shapes(graph):
+  """{(name, shape)} of the graph's global variables, global_step aside."""
+  with graph.as_default():
+    return {(v.op.name, tuple(v.shape.as_list()))
+            for v in tf.global_variables() if v.op.name != 'global_step'}
+
+
+def manifest_variable_shapes(manifest):
+  return {(name, tuple(shape)) for name, shape in manifest['variables']}
+
+
+def _scaled_random_value(rng, name, shape):
+  """A value that keeps activations O(1) through a deep net."""
+  leaf = name.rsplit('/', 1)[-1]
+  if leaf == 'depthwise_weights':
+    return rng.normal(0.0, 1.1 * np.sqrt(1.0 / np.prod(shape[:2])), shape)
+  if leaf == 'weights':
+    return rng.normal(0.0, 1.1 * np.sqrt(1.0 / np.prod(shape[:-1])), shape)
+  if leaf in ('gamma', 'moving_variance'):
+    return rng.uniform(0.8, 1.2, shape)
+  return rng.normal(0.0, 0.05, shape)  # beta, biases, moving_mean
+
+
+def randomize_variables(sess, seed=0):
+  """Loads fan-in-scaled random values into every variable of the graph.
+
+  Freshly initialised networks with frozen BN shrink activations to ~1e-14
+  at the logits (all classes tie); these values keep them O(1) so that
+  inference tests compare meaningful labels.
+  """
+  rng = np.random.default_rng(seed)
+  feed = {}
+  variables = sorted(tf.global_variables(), key=lambda v: v.op.name)
+  for var in variables:
+    value = _scaled_random_value(rng, var.op.name, var.shape.as_list())
+    # Feeding the initializer's value input assigns it in the same run.
+    feed[var.initializer.inputs[1]] = np.asarray(
+        value, var.dtype.as_numpy_dtype)
+  sess.run([var.initializer for var in variables], feed)

@@ -1,0 +1,306 @@
+"""deeplab-build-data: layouts, validation errors, shards, dataset.json, CLI,
+and the committed sample data."""
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+from PIL import Image
+import pytest
+import tensorflow.compat.v1 as tf
+
+from deeplab_train.config import ConfigError
+from deeplab_train.data import build
+from deeplab_train.data import datasets
+import test_data_common as common
+
+OPTIONS = build.BuildOptions(num_classes=4, dataset_name='tiny',
+                             num_shards=2)
+
+
+def read_records(path):
+  """[(features dict, image array, label ids)] of a shard."""
+  out = []
+  for raw in tf.io.tf_record_iterator(path):
+    feature = tf.train.Example.FromString(raw).features.feature
+    image = np.asarray(Image.open(io.BytesIO(
+        feature['image/encoded'].bytes_list.value[0])))
+    label_im = Image.open(io.BytesIO(
+        feature['image/segmentation/class/encoded'].bytes_list.value[0]))
+    assert label_im.mode == 'L'  # single channel of ids, not a palette
+    out.append((feature, image, np.asarray(label_im)))
+  return out
+
+
+def all_records(output_dir, split, num_shards):
+  records = []
+  for i in range(num_shards):
+    records += read_records(os.path.join(
+        output_dir, '%s-%05d-of-%05d.tfrecord' % (split, i, num_shards)))
+  return records
+
+
+def voc(tmp_path, splits, **kwargs):
+  return common.write_voc_folder(str(tmp_path / 'voc'), splits, **kwargs)
+
+
+def build_voc(*args, **kwargs):
+  """build.build_voc for the PNG images the helpers write by default."""
+  kwargs.setdefault('image_format', 'png')
+  return build.build_voc(*args, **kwargs)
+
+
+def test_voc_layout_to_shards_and_dataset_json(tmp_path):
+  train = common.tiny_pairs(0, 5, prefix='tr')
+  val = common.tiny_pairs(1, 3, prefix='va')
+  images, labels, lists = voc(tmp_path, {'train': train, 'val': val})
+  out = str(tmp_path / 'out')
+  info = build_voc(images, labels, lists, out, OPTIONS)
+  assert sorted(os.listdir(out)) == [
+      'dataset.json', 'train-00000-of-00002.tfrecord',
+      'train-00001-of-00002.tfrecord', 'val-00000-of-00002.tfrecord',
+      'val-00001-of-00002.tfrecord']
+  with open(os.path.join(out, 'dataset.json')) as f:
+    saved = json.load(f)
+  assert saved == {'name': 'tiny', 'num_classes': 4, 'ignore_label': 255,
+                   'splits_to_sizes': {'train': 5, 'val': 3},
+                   'class_names': None, 'palette': 'pascal'}
+  assert info == datasets.read_dataset_json(out)
+  records = all_records(out, 'train', 2)
+  assert [r[0]['image/filename'].bytes_list.value[0] for r in records] == [
+      name.encode() for name, _, _ in train]  # contiguous shards, in order
+  for (feature, image, ids), (name, want_image, want_ids) in zip(records,
+                                                                 train):
+    assert feature['image/format'].bytes_list.value == [b'png']
+    assert feature['image/height'].int64_list.value == [want_ids.shape[0]]
+    assert feature['image/width'].int64_list.value == [want_ids.shape[1]]
+    with open(os.path.join(images, name + '.png'), 'rb') as f:
+      assert feature['image/encoded'].bytes_list.value[0] == f.read()
+    np.testing.assert_array_equal(image, want_image)
+    np.testing.assert_array_equal(ids, want_ids)
+
+
+def test_jpeg_images_are_stored_as_is(tmp_path):
+  images, labels, lists = voc(tmp_path, {'train': common.tiny_pairs(2, 2)},
+                              image_format='jpg')
+  out = str(tmp_path / 'out')
+  build_voc(images, labels, lists, out,
+            build.BuildOptions(num_classes=4, num_shards=1), image_format='jpg')
+  feature = read_records(os.path.join(out, 'train-00000-of-00001.tfrecord'))[
+      0][0]
+  assert feature['image/format'].bytes_list.value == [b'jpeg']
+  with open(os.path.join(images, 'img_00.jpg'), 'rb') as f:
+    assert feature['image/encoded'].bytes_list.value[0] == f.read()
+
+
+def test_builtin_name_brings_class_names_and_palette(tmp_path):
+  images, labels, lists = voc(tmp_path, {'val': common.tiny_pairs(3, 2)})
+  out = str(tmp_path / 'out')
+  info = build_voc(images, labels, lists, out,
+                         build.BuildOptions(num_shards=1))
+  assert info.name == 'pascal_voc_seg' and info.num_classes == 21
+  assert info.class_names == datasets.PASCAL_VOC_CLASSES
+  assert info.palette == 'pascal'
+
+
+def test_one_split_at_a_time_merges_into_dataset_json(tmp_path):
+  images, labels, lists = voc(tmp_path, {'train': common.tiny_pairs(4, 3),
+                                         'val': common.tiny_pairs(5, 2)})
+  out = str(tmp_path / 'out')
+  build_voc(images, labels, lists, out, OPTIONS, split_name='train')
+  info = build_voc(images, labels, lists, out, OPTIONS,
+                         split_name='val')
+  assert info.splits_to_sizes == {'train': 3, 'val': 2}
+  with pytest.raises(ConfigError, match=r'dataset.json says num_classes=4'):
+    build_voc(images, labels, lists, out,
+                    build.BuildOptions(num_classes=6, num_shards=2),
+                    split_name='val')
+  with pytest.raises(ConfigError, match=r'no test.txt'):
+    build_voc(images, labels, lists, out, OPTIONS, split_name='test')
+
+
+def test_rebuild_with_fewer_shards_removes_the_old_ones(tmp_path):
+  images, labels, lists = voc(tmp_path, {'train': common.tiny_pairs(6, 4)})
+  out = str(tmp_path / 'out')
+  build_voc(images, labels, lists, out,
+                  build.BuildOptions(num_classes=4, num_shards=3))
+  build_voc(images, labels, lists, out, OPTIONS)
+  assert sorted(f for f in os.listdir(out) if f.endswith('.tfrecord')) == [
+      'train-00000-of-00002.tfrecord', 'train-00001-of-00002.tfrecord']
+
+
+def test_rgb_colour_labels_are_converted_to_ids(tmp_path):
+  pairs = common.tiny_pairs(7, 2)
+  pairs[0][2][:2, :] = 255  # VOC's ignore colour (224, 224, 192)
+  images, labels, lists = voc(tmp_path, {'train': pairs}, label_mode='RGB')
+  assert Image.open(os.path.join(labels, 'img_00.png')).mode == 'RGB'
+  out = str(tmp_path / 'out')
+  build_voc(images, labels, lists, out, OPTIONS)
+  for (_, _, ids), (_, _, want) in zip(all_records(out, 'train', 2), pairs):
+    np.testing.assert_array_equal(ids, want)
+
+
+def test_grey_id_labels_are_read_as_ids(tmp_path):
+  pairs = common.tiny_pairs(8, 2)
+  images, labels, lists = voc(tmp_path, {'train': pairs}, label_mode='L')
+  out = str(tmp_path / 'out')
+  build_voc(images, labels, lists, out, OPTIONS)
+  for (_, _, ids), (_, _, want) in zip(all_records(out, 'train', 2), pairs):
+    np.testing.assert_array_equal(ids, want)
+
+
+def assert_build_fails(tmp_path, pairs, match, options=OPTIONS, **kwargs):
+  images, labels, lists = voc(tmp_path, {'train': pairs}, **kwargs)
+  out = str(tmp_path / 'out')
+  with pytest.raises(build.DataError, match=match):
+    build_voc(images, labels, lists, out, options)
+  # Nothing that looks finished, no temp files left behind.
+  assert not os.path.exists(out) or os.listdir(out) == []
+  return labels
+
+
+def test_rgb_label_refused_when_conversion_is_off(tmp_path):
+  assert_build_fails(
+      tmp_path, common.tiny_pairs(9, 3),
+      r'SegmentationClass/img_00.png is an RGB colour label',
+      options=build.BuildOptions(num_classes=4, num_shards=2,
+                                 convert_rgb_labels=False),
+      label_mode='RGB')
+
+
+def test_rgb_label_with_unknown_colours_names_them(tmp_path):
+  pairs = common.tiny_pairs(10, 2)
+  images, labels, lists = voc(tmp_path, {'train': pairs}, label_mode='RGB')
+  rgb = np.array(Image.open(os.path.join(labels, 'img_01.png')))
+  rgb[0, :3] = (1, 2, 3)
+  Image.fromarray(rgb).save(os.path.join(labels, 'img_01.png'))
+  with pytest.raises(build.DataError,
+                     match=r'img_01.png: RGB label has 1 colour\(s\) not in '
+                           r'the pascal palette.*\(1,2,3\) x3'):
+    build_voc(images, labels, lists, str(tmp_path / 'out'), OPTIONS)
+
+
+def test_out_of_range_label_names_file_and_values(tmp_path):
+  pairs = common.tiny_pairs(11, 3)
+  pairs[2][2][0, 0] = 7
+  pairs[2][2][1, 1] = 9
+  pairs[1][2][0, 0] = 255  # the ignore label is allowed
+  assert_build_fails(tmp_path, pairs,
+                     r'img_02.png: label values 7, 9 are outside \[0, 4\)')
+
+
+def test_size_mismatch_names_both_files(tmp_path):
+  pairs = common.tiny_pairs(12, 2, sizes=[(20, 24), (21, 25)])
+  pairs[1] = (pairs[1][0], pairs[1][1], pairs[1][2][:, :-1])
+  assert_build_fails(tmp_path, pairs,
+                     r'size mismatch: image \S*img_01.png is 25x21 \(WxH\) '
+                     r'but label \S*img_01.png is 24x21')
+
+
+def test_missing_listed_files_are_listed(tmp_path):
+  images, labels, lists = voc(tmp_path, {'train': common.tiny_pairs(13, 2)})
+  os.remove(os.path.join(images, 'img_01.png'))
+  with pytest.raises(build.DataError, match=r'1 listed file\(s\) missing: '
+                                            r'\S*img_01.png'):
+    build_voc(images, labels, lists, str(tmp_path / 'o'), OPTIONS,
+                    image_format='png')
+
+
+def test_generic_layout_matches_by_stem(tmp_path):
+  rng = np.random.RandomState(0)
+  img_dir, mask_dir = tmp_path / 'images', tmp_path / 'masks'
+  img_dir.mkdir()
+  mask_dir.mkdir()
+  want = {}
+  for stem, ext in (('b', 'png'), ('a', 'jpg'), ('c', 'JPEG')):
+    ids = common.blocky_label(rng, 18, 22, 4, 3)
+    Image.fromarray(common.random_image(rng, 18, 22)).save(
+        str(img_dir / ('%s.%s' % (stem, ext))),
+        format='PNG' if ext == 'png' else 'JPEG')
+    common.save_label(str(mask_dir / (stem + '.png')), ids)
+    want[stem] = ids
+  out = str(tmp_path / 'out')
+  info = build.build_generic(str(img_dir), str(mask_dir), 'train', out,
+                             OPTIONS)
+  assert info.splits_to_sizes == {'train': 3}
+  records = all_records(out, 'train', 2)
+  names = [r[0]['image/filename'].bytes_list.value[0].decode()
+           for r in records]
+  assert names == ['a', 'b', 'c']
+  for name, (_, _, ids) in zip(names, records):
+    np.testing.assert_array_equal(ids, want[name])
+
+  os.remove(str(mask_dir / 'b.png'))
+  with pytest.raises(build.DataError, match=r'1 image\(s\) .* have no '
+                                            r'<stem>.png mask .*: b.png'):
+    build.build_generic(str(img_dir), str(mask_dir), 'val', out, OPTIONS)
+  with pytest.raises(ConfigError, match='--split_name is required'):
+    build.build_generic(str(img_dir), str(mask_dir), None, out, OPTIONS)
+
+
+def test_bad_options_name_the_flag():
+  with pytest.raises(ConfigError, match='--num_classes must be in 1..256'):
+    build.BuildOptions(num_classes=300).validate()
+  with pytest.raises(ConfigError, match='--class_names has 2 names'):
+    build.BuildOptions(num_classes=3, class_names=('a', 'b')).validate()
+  with pytest.raises(ConfigError, match='--colormap=nope'):
+    build.BuildOptions(colormap='nope').validate()
+
+
+def _cli(args, cwd):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  return subprocess.run(
+      [sys.executable, '-m', 'deeplab_train.cli.build_data'] + args,
+      cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_exits_non_zero_with_one_clear_line(tmp_path):
+  pairs = common.tiny_pairs(14, 2)
+  pairs[0][2][0, 0] = 30
+  images, labels, lists = voc(tmp_path, {'train': pairs})
+  result = _cli(['--image_folder', images, '--semantic_segmentation_folder',
+                 labels, '--list_folder', lists, '--image_format', 'png',
+                 '--output_dir', str(tmp_path / 'out'), '--num_classes', '4'],
+                str(tmp_path))
+  assert result.returncode == 1
+  assert 'Traceback' not in result.stderr
+  error_lines = [l for l in result.stderr.splitlines()
+                 if l.startswith('deeplab-build-data: error:')]
+  assert len(error_lines) == 1
+  assert 'img_00.png: label values 30 are outside [0, 4)' in error_lines[0]
+
+
+def test_sample_data_is_what_the_script_makes(tmp_path, repo_dir):
+  data = repo_dir / 'data'
+  subprocess.run([sys.executable, str(repo_dir / 'scripts' /
+                                      'make_sample_data.py'),
+                  '--output_dir', str(tmp_path)], check=True,
+                 capture_output=True, timeout=120)
+  for split, count in (('train', 100), ('val', 30)):
+    listed = (data / 'ImageSets' / 'Segmentation' / (split + '.txt')
+              ).read_text().split()
+    assert len(listed) == count
+    assert listed == (tmp_path / 'ImageSets' / 'Segmentation' /
+                      (split + '.txt')).read_text().split()
+  shapes, classes = set(), set()
+  for name in sorted(os.listdir(data / 'SegmentationClass')):
+    label = Image.open(data / 'SegmentationClass' / name)
+    assert label.mode == 'P'
+    ids = np.asarray(label)
+    np.testing.assert_array_equal(
+        ids, np.asarray(Image.open(tmp_path / 'SegmentationClass' / name)))
+    image = np.asarray(Image.open(data / 'JPEGImages' /
+                                  name.replace('.png', '.jpg')), np.float32)
+    regenerated = np.asarray(Image.open(
+        tmp_path / 'JPEGImages' / name.replace('.png', '.jpg')), np.float32)
+    assert image.shape[:2] == ids.shape
+    assert np.abs(image - regenerated).mean() < 1.0  # same up to the codec
+    shapes.add(ids.shape)
+    classes.update(np.unique(ids).tolist())
+  assert classes == {0, 1, 2, 3, 4, 255}
+  assert all(120 <= s <= 260 for shape in shapes for s in shape)
+  assert sum(h != w for h, w in shapes) > 100
+  size = sum(f.stat().st_size for f in data.rglob('*') if f.is_file())
+  assert size < 4e6

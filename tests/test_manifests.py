@@ -1,0 +1,80 @@
+"""Our training graph has exactly the variables of the original DeepLab.
+
+For each reference manifest (the original's training graph for one
+configuration, read off its code): same (name, shape) set, same trainable /
+non-trainable split, same number of regularisation losses and BN update ops,
+same merged-logits shape and the same "extra layer" scopes. Graph
+construction only: nothing is run.
+"""
+import pytest
+
+import model_testing as mt
+from deeplab_train.model import deeplab
+
+
+@pytest.fixture(scope='module', params=mt.MANIFEST_NAMES)
+def built(request, reference_dir):
+  """(manifest, graph, outputs, recorder) for one manifest."""
+  manifest = mt.load_manifest(reference_dir, request.param)
+  graph, outputs, rec = mt.build_training_graph_from_manifest(manifest)
+  return manifest, graph, outputs, rec
+
+
+def _describe(extra, missing):
+  return ('%d variables not in the manifest: %s\n%d manifest variables '
+          'missing: %s' % (len(extra), sorted(extra)[:20], len(missing),
+                           sorted(missing)[:20]))
+
+
+def test_variable_names_and_shapes(built):
+  manifest, graph, _, _ = built
+  ours = mt.variable_shapes(graph)
+  theirs = mt.manifest_variable_shapes(manifest)
+  assert len(theirs) == manifest['num_variables']
+  assert ours == theirs, _describe(ours - theirs, theirs - ours)
+
+
+def test_trainable_split(built):
+  manifest, graph, _, _ = built
+  with graph.as_default():
+    trainable = {v.op.name for v in mt.tf.trainable_variables()}
+    frozen = {v.op.name for v in mt.tf.global_variables()} - trainable
+  assert frozen == set(manifest['non_trainable'])
+  assert len(trainable) == manifest['num_trainable']
+
+
+def test_regularization_losses(built):
+  manifest, _, _, rec = built
+  assert len(rec.regularization_losses) == (
+      manifest['num_regularization_losses'])
+  # Depthwise weights are never regularised.
+  names = [loss.op.name for loss in rec.regularization_losses]
+  assert not [n for n in names if 'depthwise_weights' in n]
+
+
+def test_batch_norm_update_ops(built):
+  manifest, _, _, rec = built
+  assert len(rec.update_ops) == manifest['num_update_ops']
+
+
+def test_merged_logits_shape(built):
+  manifest, _, outputs, _ = built
+  logits = outputs['semantic']['merged_logits']
+  assert logits.shape.as_list() == manifest['merged_logits_shape']
+
+
+@pytest.mark.parametrize('name', mt.MANIFEST_NAMES)
+def test_extra_layer_scopes(reference_dir, name):
+  manifest = mt.load_manifest(reference_dir, name)
+  assert deeplab.get_extra_layer_scopes() == manifest['extra_layer_scopes']
+  assert deeplab.get_extra_layer_scopes(
+      last_layers_contain_logits_only=True) == (
+          manifest['extra_layer_scopes_logits_only'])
+
+
+def test_logits_only_scopes_select_the_logits_variables(built):
+  manifest, _, _, _ = built
+  scopes = deeplab.get_extra_layer_scopes(last_layers_contain_logits_only=True)
+  selected = sorted(name for name, _ in manifest['variables']
+                    if name.split('/')[0] in scopes)
+  assert selected == sorted(manifest['logits_variables'])

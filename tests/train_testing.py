@@ -1,0 +1,151 @@
+"""Helpers for the trainer tests: tiny models and inputs, sample TFRecords,
+running deeplab-train in a subprocess, reading checkpoints."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from deeplab_train import config
+from deeplab_train.data import build
+from deeplab_train.model import layers
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+SAMPLE = REPO / 'data'
+NUM_CLASSES = 5
+
+
+def tiny_model_options(num_classes=NUM_CLASSES, crop=33, output_stride=16,
+                       decoder=None):
+  """mobilenet_v2 at depth 0.25: the smallest real DeepLab."""
+  return config.ModelOptions(
+      num_classes=num_classes, model_variant='mobilenet_v2',
+      crop_size=(crop, crop), output_stride=output_stride,
+      decoder_output_stride=decoder, depth_multiplier=0.25).validate()
+
+
+def toy_model_fn(num_classes=NUM_CLASSES, weight_decay=1e-4, extra=None):
+  """A two-conv stand-in for DeepLab with slim names ('features' with BN,
+  'logits/semantic' with biases); `extra(logits)` may modify the logits."""
+  def model_fn(images):
+    conv = layers.ConvParams(weight_decay=weight_decay, weights_stddev=0.1)
+    x = images / 127.5 - 1.0
+    x = layers.conv2d(x, 8, 3, conv, 'features', stride=2)
+    with tf.variable_scope('logits'):
+      logits = layers.conv2d(x, num_classes, 1,
+                             conv.replace(batch_norm=None), 'semantic',
+                             activation=None)
+    if extra is not None:
+      logits = extra(logits)
+    return {'merged_logits': logits}
+  return model_fn
+
+
+def synthetic_batch(batch, size, num_classes=NUM_CLASSES, seed=0,
+                    ignore_label=None):
+  """(images float32 [B,S,S,3] in 0..255, labels int32 [B,S,S,1])."""
+  rng = np.random.RandomState(seed)
+  images = rng.uniform(0, 255, (batch, size, size, 3)).astype(np.float32)
+  tiles = rng.randint(0, num_classes, (batch, size // 8 + 1, size // 8 + 1))
+  labels = np.kron(tiles, np.ones((1, 8, 8), np.int64))[:, :size, :size]
+  if ignore_label is not None:
+    labels[:, :2, :] = ignore_label
+  return images, labels[..., None].astype(np.int32)
+
+
+def constant_input_fn(images, labels):
+  """input_fn giving the same batch at every step."""
+  def input_fn():
+    return {'image': tf.constant(images), 'label': tf.constant(labels)}
+  return input_fn
+
+
+def make_tfrecords(out_dir, count=4, split='train', num_classes=NUM_CLASSES):
+  """A few sample images converted with the data package's converter."""
+  entries = [build.Entry('train_%04d' % i,
+                         str(SAMPLE / 'JPEGImages' / ('train_%04d.jpg' % i)),
+                         str(SAMPLE / 'SegmentationClass'
+                             / ('train_%04d.png' % i)))
+             for i in range(count)]
+  options = build.BuildOptions(num_classes=num_classes, ignore_label=255,
+                               dataset_name='shapes', num_shards=1,
+                               num_workers=1)
+  return build.convert({split: entries}, str(out_dir), options)
+
+
+def subprocess_env():
+  env = dict(os.environ)
+  env['TF_CPP_MIN_LOG_LEVEL'] = '2'
+  env['PYTHONPATH'] = str(REPO) + os.pathsep + env.get('PYTHONPATH', '')
+  return env
+
+
+def tiny_cli_args(logdir, dataset_dir, steps, *extra):
+  """deeplab-train flags for the tiny model on the sample records."""
+  return ['--train_logdir=%s' % logdir, '--dataset_dir=%s' % dataset_dir,
+          '--dataset=shapes', '--train_crop_size=33,33',
+          '--train_batch_size=2', '--depth_multiplier=0.25',
+          '--output_stride=16', '--fine_tune_batch_norm=false',
+          '--min_scale_factor=1', '--max_scale_factor=1',
+          '--scale_factor_step_size=0', '--base_learning_rate=0.003',
+          '--training_number_of_steps=%d' % steps, '--log_steps=1',
+          '--save_summaries_secs=0'] + list(extra)
+
+
+def start_cli(args):
+  """Starts `python -m deeplab_train.cli.train ARGS`; returns the Popen."""
+  return subprocess.Popen(
+      [sys.executable, '-m', 'deeplab_train.cli.train'] + list(args),
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env=subprocess_env(), cwd=str(REPO))
+
+
+def finish(proc, timeout=120):
+  """(exit code, result dict or None, stderr) of a started run."""
+  out, err = proc.communicate(timeout=timeout)
+  result = None
+  for line in out.splitlines():
+    if line.startswith('{') and '"event": "result"' in line:
+      result = json.loads(line)
+  return proc.returncode, result, err
+
+
+def run_cli(args, timeout=120):
+  return finish(start_cli(args), timeout)
+
+
+def wait_for(predicate, timeout=90, interval=0.1, proc=None):
+  """Polls until predicate() is true; fails on timeout or if proc exits."""
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if predicate():
+      return
+    if proc is not None and proc.poll() is not None:
+      raise AssertionError('process exited early:\n%s' % proc.stderr.read())
+    time.sleep(interval)
+  raise AssertionError('timed out waiting')
+
+
+def checkpoint_steps(logdir):
+  """Steps of the checkpoints listed in the logdir's state file."""
+  state = tf.train.get_checkpoint_state(str(logdir))
+  if state is None:
+    return []
+  return sorted(int(p.rsplit('-', 1)[1])
+                for p in state.all_model_checkpoint_paths)
+
+
+def latest_step(logdir):
+  prefix = tf.train.latest_checkpoint(str(logdir))
+  return None if prefix is None else int(prefix.rsplit('-', 1)[1])
+
+
+def read_checkpoint(prefix):
+  """{name: value} of every tensor in a checkpoint."""
+  reader = tf.train.NewCheckpointReader(str(prefix))
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()}
