@@ -38,6 +38,8 @@ require_int() {
 write_atomic() {
   local dest=$1 tmp
   tmp=$(mktemp "$(dirname "$dest")/.$(basename "$dest").XXXXXX")
+  # mktemp makes the file private; give it the mode a plain write would.
+  chmod "$(printf '%o' $((8#666 & ~8#$(umask))))" "$tmp"
   if ! cat >"$tmp"; then
     rm -f "$tmp"
     return 1

@@ -11,6 +11,7 @@ from deeplab_train.config import ModelOptions
 from deeplab_train.model import deeplab
 from deeplab_train.model import layers
 from deeplab_train.model import mobilenet_v2
+from deeplab_train.model import registry
 
 tf = mt.tf
 
@@ -396,7 +397,7 @@ def test_decoder_stride_without_end_point_is_a_clear_error():
 
 def test_missing_decoder_end_point_is_a_clear_error():
   options = small_options(decoder_output_stride=(4,))
-  backbone = deeplab.registry.get('mobilenet_v2')
+  backbone = registry.get('mobilenet_v2')
   params = layers.ConvParams()
   with tf.Graph().as_default():
     features = tf.zeros([1, 5, 5, 8])

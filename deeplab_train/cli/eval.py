@@ -150,7 +150,7 @@ def main(argv):
 
 
 def run():
-  app.run(main)
+  app.run(main, flags_parser=inference_flags.flags_parser(COMMAND))
 
 
 if __name__ == '__main__':

@@ -42,9 +42,11 @@ flags.DEFINE_string('export_path', None,
                     'Path of the frozen GraphDef (.pb) to write.')
 flags.DEFINE_string('saved_model_dir', None,
                     'Also (or only) write a SavedModel to this directory.')
+# deeplab-build-data defines the same flag (same type and default); either
+# definition may be the one registered when both modules are imported.
 flags.DEFINE_integer('num_classes', 21,
                      'Number of classes (only for checkpoints without a '
-                     'saved config).')
+                     'saved config).', allow_override=True)
 flags.DEFINE_multi_string('crop_size', ['513', '513'],
                           'Crop size HEIGHT,WIDTH that input images are '
                           'padded to (--crop_size=513,513 or, as the '
@@ -125,7 +127,7 @@ def main(argv):
 
 
 def run():
-  app.run(main)
+  app.run(main, flags_parser=inference_flags.flags_parser(COMMAND))
 
 
 if __name__ == '__main__':

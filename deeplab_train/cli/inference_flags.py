@@ -4,9 +4,12 @@ The original scripts each defined these (same names and meanings); here they
 are defined once so the three command modules can be imported together, plus
 the helpers that turn them into the library's option dataclasses.
 """
+import json
+import logging
 import sys
 
 from absl import flags
+import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
 from deeplab_train.cli import common_flags
@@ -60,10 +63,46 @@ def preprocess_options(saved_preprocess):
       crop_size=None, **common_flags.resize_values(saved_preprocess)).validate()
 
 
-def fail(command, error):
-  """Prints a user-facing error and returns the bad-input exit code."""
-  print('%s: error: %s' % (command, error), file=sys.stderr)
-  return EXIT_BAD_INPUT
+def run_main(command, argv, body):
+  """Runs body() as a command: errors become a message, a JSON line, a code.
+
+  Args:
+    command: the command name for messages.
+    argv: the positional arguments left by absl (only the program name is
+      allowed).
+    body: fn() doing the work (printing its own result lines).
+
+  Returns:
+    EXIT_OK, EXIT_BAD_INPUT (ConfigError, missing or corrupt files) or
+    EXIT_UNEXPECTED (anything else, logged with its traceback).
+  """
+  try:
+    check_no_positional(command, argv)
+    body()
+  except (config.ConfigError, tf.errors.NotFoundError,
+          tf.errors.DataLossError) as e:
+    message = getattr(e, 'message', None) or str(e)
+    sys.stderr.write('%s: error: %s\n' % (command, message))
+    print(json.dumps({'status': 'bad_input', 'message': message}), flush=True)
+    return EXIT_BAD_INPUT
+  except Exception as e:  # pylint: disable=broad-except
+    logging.exception('%s failed', command)
+    print(json.dumps({'status': 'error',
+                      'message': '%s: %s' % (type(e).__name__, e)}),
+          flush=True)
+    return EXIT_UNEXPECTED
+  return EXIT_OK
+
+
+def flags_parser(command):
+  """absl's flag parser, but a bad or unknown flag exits 2 with one line."""
+  def parse(argv):
+    try:
+      return FLAGS(argv)
+    except flags.Error as e:
+      sys.stderr.write('%s: %s (see --help)\n' % (command, e))
+      sys.exit(EXIT_BAD_INPUT)
+  return parse
 
 
 def check_no_positional(command, argv):

@@ -120,7 +120,8 @@ def iterate_image_dir(image_dir, preprocess_options, mean_pixel):
     image_dir: folder of images.
     preprocess_options: PreprocessOptions (resize values are applied as in
       training, so the network sees what it was trained on).
-    mean_pixel: unused padding value (kept for symmetry with iterate_split).
+    mean_pixel: unused (the predictor pads); kept so both sample sources
+      take the same arguments.
 
   Yields:
     {'image': float32 [h, w, 3], 'label': None, 'name': file name,
@@ -138,33 +139,49 @@ def iterate_image_dir(image_dir, preprocess_options, mean_pixel):
   if not files:
     raise config.ConfigError('no .jpg/.jpeg/.png files in --image_dir=%s'
                              % image_dir)
-  resize = _resizer(preprocess_options)
-  for name in files:
-    path = os.path.join(image_dir, name)
-    try:
-      with Image.open(path) as im:
-        original = np.asarray(im.convert('RGB'))
-    except (OSError, ValueError) as e:
-      raise config.ConfigError('cannot read image %s: %s' % (path, e)) from None
-    yield {'image': resize(original), 'label': None, 'name': name,
-           'height': original.shape[0], 'width': original.shape[1],
-           'original_image': original}
+  with _Resizer(preprocess_options) as resize:
+    for name in files:
+      path = os.path.join(image_dir, name)
+      try:
+        with Image.open(path) as im:
+          original = np.asarray(im.convert('RGB'))
+      except (OSError, ValueError) as e:
+        raise config.ConfigError('cannot read image %s: %s'
+                                 % (path, e)) from None
+      yield {'image': resize(original), 'label': None, 'name': name,
+             'height': original.shape[0], 'width': original.shape[1],
+             'original_image': original}
 
 
-def _resizer(preprocess_options):
-  """fn(uint8 image) -> float32 image resized like the training input."""
-  if not (preprocess_options.min_resize_value or
-          preprocess_options.max_resize_value):
-    return lambda image: image.astype(np.float32)
-  graph = tf.Graph()
-  with graph.as_default():
-    placeholder = tf.placeholder(tf.uint8, [None, None, 3])
-    resized, _ = preprocess.resize_to_range(
-        tf.cast(placeholder, tf.float32), None,
-        preprocess_options.min_resize_value,
-        preprocess_options.max_resize_value, preprocess_options.resize_factor)
-  session = tf.Session(graph=graph)
-  return lambda image: session.run(resized, {placeholder: image})
+class _Resizer:
+  """Callable: uint8 image -> float32 image resized like the training input."""
+
+  def __init__(self, preprocess_options):
+    self._session = None
+    if not (preprocess_options.min_resize_value or
+            preprocess_options.max_resize_value):
+      return
+    graph = tf.Graph()
+    with graph.as_default():
+      self._input = tf.placeholder(tf.uint8, [None, None, 3])
+      self._resized, _ = preprocess.resize_to_range(
+          tf.cast(self._input, tf.float32), None,
+          preprocess_options.min_resize_value,
+          preprocess_options.max_resize_value,
+          preprocess_options.resize_factor)
+    self._session = tf.Session(graph=graph)
+
+  def __call__(self, image):
+    if self._session is None:
+      return image.astype(np.float32)
+    return self._session.run(self._resized, {self._input: image})
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *unused):
+    if self._session is not None:
+      self._session.close()
 
 
 def visualize(predictor, samples, vis_logdir, colormap, vis_options,

@@ -38,8 +38,11 @@ def learning_rate(global_step, options):
     horizon = float(options.training_number_of_steps - options.slow_start_step)
     base = options.base_learning_rate
     progress = tf.minimum(s, horizon) / horizon
+    # (horizon - s) is exact in float32, so the rate reaches exactly 0 (a
+    # division may be rewritten as a multiplication by the reciprocal).
+    remaining = tf.maximum(horizon - s, 0.0) / horizon
     if options.learning_policy == 'poly':
-      rate = base * tf.pow(1.0 - progress, options.learning_power)
+      rate = base * tf.pow(remaining, options.learning_power)
     elif options.learning_policy == 'step':
       rate = base * tf.pow(options.learning_rate_decay_factor,
                            tf.floor(s / options.learning_rate_decay_step))

@@ -1,0 +1,56 @@
+"""Learning-rate schedules (poly, step, cosine, slow start) against numpy."""
+import math
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from deeplab_train import config
+from deeplab_train.train import learning_rate
+
+STEPS = [0, 1, 49, 50, 51, 99, 100, 250, 599, 999, 1000, 1500]
+
+
+def _rates(options):
+  with tf.Graph().as_default():
+    step = tf.placeholder(tf.int64, [])
+    rate = learning_rate.learning_rate(step, options)
+    with tf.Session() as sess:
+      return np.array([sess.run(rate, {step: s}) for s in STEPS])
+
+
+def _expected(policy, base=0.01, total=1000, slow=0, slow_lr=1e-4,
+              power=0.9, factor=0.1, decay_step=300):
+  out = []
+  for step in STEPS:
+    s = max(step - slow, 0)
+    horizon = total - slow
+    p = min(s, horizon) / horizon
+    if policy == 'poly':
+      rate = base * (1 - p) ** power
+    elif policy == 'step':
+      rate = base * factor ** math.floor(s / decay_step)
+    else:
+      rate = base * 0.5 * (1 + math.cos(math.pi * p))
+    out.append(slow_lr if step < slow else rate)
+  return np.array(out)
+
+
+@pytest.mark.parametrize('policy', ['poly', 'step', 'cosine'])
+@pytest.mark.parametrize('slow', [0, 50])
+def test_schedule_matches_formula(policy, slow):
+  options = config.TrainOptions(
+      learning_policy=policy, base_learning_rate=0.01,
+      training_number_of_steps=1000, slow_start_step=slow,
+      slow_start_learning_rate=1e-4, learning_power=0.9,
+      learning_rate_decay_factor=0.1, learning_rate_decay_step=300).validate()
+  np.testing.assert_allclose(_rates(options), _expected(policy, slow=slow),
+                             rtol=1e-5, atol=1e-9)  # float32 near 0
+
+
+def test_poly_reaches_zero_and_stays_there():
+  options = config.TrainOptions(learning_policy='poly', base_learning_rate=1.0,
+                                training_number_of_steps=1000)
+  rates = _rates(options)
+  assert rates[STEPS.index(1000)] == 0.0
+  assert rates[STEPS.index(1500)] == 0.0
