@@ -443,6 +443,52 @@ def check_training_setup(model_options, train_options):
   return warnings
 
 
+@dataclasses.dataclass(frozen=True)
+class ClusterOptions(_JsonMixin):
+  """Training across machines (see `deeplab_train.train.cluster`).
+
+  Attributes:
+    ps_hosts / worker_hosts: 'host:port' of each ps / worker task (the
+      chief first); empty for a single-machine run (or TF_CONFIG).
+    job_name: 'ps' or 'worker' (None without a cluster).
+    task: this process's index in its job (the original's --task).
+    sync_replicas: synchronous updates (SyncReplicasOptimizer); False:
+      asynchronous.
+    num_replicas / num_ps_tasks: the original's flags; None follows the
+      cluster, a value must match it.
+    startup_delay_steps: asynchronous mode: worker i starts at global step
+      i * startup_delay_steps (the original's flag).
+  """
+  ps_hosts: Tuple[str, ...] = ()
+  worker_hosts: Tuple[str, ...] = ()
+  job_name: Optional[str] = None
+  task: int = 0
+  sync_replicas: bool = True
+  num_replicas: Optional[int] = None
+  num_ps_tasks: Optional[int] = None
+  startup_delay_steps: int = 15
+
+  def __post_init__(self):
+    set_ = lambda k, v: object.__setattr__(self, k, v)
+    set_('ps_hosts', _tuple_or_none(self.ps_hosts, str) or ())
+    set_('worker_hosts', _tuple_or_none(self.worker_hosts, str) or ())
+
+  def validate(self):
+    """Raises ConfigError naming the offending flag; returns self."""
+    if self.task < 0:
+      raise ConfigError('--task must be >= 0, got %d' % self.task)
+    if self.num_replicas is not None and self.num_replicas < 1:
+      raise ConfigError('--num_replicas must be >= 1, got %d'
+                        % self.num_replicas)
+    if self.num_ps_tasks is not None and self.num_ps_tasks < 0:
+      raise ConfigError('--num_ps_tasks must be >= 0, got %d'
+                        % self.num_ps_tasks)
+    if self.startup_delay_steps < 0:
+      raise ConfigError('--startup_delay_steps must be >= 0, got %d'
+                        % self.startup_delay_steps)
+    return self
+
+
 # ---------------------------------------------------------------------------
 # Evaluation / visualisation / export (owner: evaluation/, export/).
 # ---------------------------------------------------------------------------

@@ -25,7 +25,8 @@ environment variable in brackets:
                          and stops when it is used up [MAX_RUN_SECONDS, 14400]
   --margin M             promote unless mIoU drops by more than M (absolute,
                          on deeplab-eval's scale) [MIOU_MARGIN, 0.005]
-  --keep K               exports kept, besides the current one [KEEP_EXPORTS, 5]
+  --keep K               newest exports kept; the current one always is
+                         [KEEP_EXPORTS, 5]
   -h, --help             this text
 
 Data (environment variables, with their defaults):
@@ -126,6 +127,7 @@ check_config() {
 set_paths() {
   mkdir -p "$WORK_DIR"
   WORK_DIR=$(realpath "$WORK_DIR")
+  DATA_DIR=$(realpath -m "$DATA_DIR")
   TFRECORDS_DIR=$WORK_DIR/tfrecords
   TFRECORD_LINK=$WORK_DIR/tfrecord
   TRAIN_LOGDIR=$WORK_DIR/train
@@ -223,11 +225,14 @@ build_tfrecords() {
     ${extra[@]+"${extra[@]}"} || fail "deeplab-build-data failed on $DATA_DIR (see the log); the previous TFRecords and model are untouched"
   [[ -f "$tmp/dataset.json" ]] || fail "deeplab-build-data wrote no dataset.json"
   mv "$tmp" "$out"
-  old=$(readlink "$TFRECORD_LINK" || true)
   switch_symlink "tfrecords/$STAMP" "$TFRECORD_LINK"
-  if [[ -n $old && $old != "tfrecords/$STAMP" ]]; then
-    rm -rf "${WORK_DIR:?}/$old"
-  fi
+  # Only the records in use are kept (older ones, and any left by a round
+  # killed between the rename and the switch).
+  for old in "$TFRECORDS_DIR"/*; do
+    if [[ $old != "$out" ]]; then
+      rm -rf "$old"
+    fi
+  done
 }
 
 # --- training and evaluation ---------------------------------------------------
@@ -251,7 +256,8 @@ train_more() {
     --max_run_seconds="$MAX_RUN_SECONDS"
     --result_json="$STATE_DIR/train_result.json"
   )
-  if [[ -n ${INIT_CHECKPOINT:-} ]]; then
+  # Only for the first round: later rounds resume from train/ anyway.
+  if [[ -n ${INIT_CHECKPOINT:-} && -z $(latest_checkpoint "$TRAIN_LOGDIR") ]]; then
     flags+=(--tf_initial_checkpoint="$INIT_CHECKPOINT")
   fi
   split_words extra "${TRAIN_EXTRA_FLAGS:-}"
@@ -349,6 +355,9 @@ prune_logs() {
   done
 }
 
+# Prints number $1 with 4 decimals (for messages).
+fmt4() { awk -v x="$1" 'BEGIN { printf "%.4f", x }'; }
+
 # Succeeds when $1 >= $2 - $3 (floats).
 no_worse_than() {
   awk -v new="$1" -v old="$2" -v margin="$3" 'BEGIN { exit !(new + 0 >= old - margin) }'
@@ -368,6 +377,9 @@ main() {
   exec 3>&1
   exec >>"$LOG_FILE" 2>&1
   trap on_exit EXIT
+  # The running command finishes first (deeplab-train saves a checkpoint on
+  # SIGTERM), then the round ends as a failure (exit 1).
+  trap 'fail "interrupted by a signal"' TERM INT HUP
   log "start: data $DATA_DIR, work $WORK_DIR, log $LOG_FILE"
 
   exec 9>>"$LOCK_FILE"
@@ -398,7 +410,10 @@ main() {
   fi
   decided=$(read_state decided)
   if ((!needs_build && !needs_train)) && [[ -z $checkpoint || $decided == "$step $FINGERPRINT" ]]; then
-    finish "$EXIT_NOTHING_TO_DO" nothing_to_do "data unchanged, no steps to train, checkpoint step $step already evaluated"
+    if [[ -n $checkpoint ]]; then
+      finish "$EXIT_NOTHING_TO_DO" nothing_to_do "data unchanged, no steps to train, checkpoint step $step already evaluated"
+    fi
+    finish "$EXIT_NOTHING_TO_DO" nothing_to_do "data unchanged, no steps to train and no checkpoint yet"
   fi
 
   if ((needs_build)); then
@@ -412,7 +427,7 @@ main() {
     [[ -n $checkpoint ]] || fail "deeplab-train wrote no checkpoint in $TRAIN_LOGDIR"
     step=$(checkpoint_step "$checkpoint")
   fi
-  [[ -n $checkpoint ]] || finish "$EXIT_NOTHING_TO_DO" nothing_to_do "no checkpoint to evaluate and no steps to train"
+  [[ -n $checkpoint ]] || finish "$EXIT_SUCCESS" rebuilt "TFRecords rebuilt; no steps to train and no checkpoint to evaluate"
   summary_add global_step "$step"
   if [[ $(read_state decided) == "$step $FINGERPRINT" ]]; then
     finish "$EXIT_SUCCESS" unchanged "no new checkpoint (still step $step); nothing to promote"
@@ -422,12 +437,12 @@ main() {
   evaluate "$checkpoint" new
   miou=$EVAL_MIOU
   summary_add miou "$miou"
-  log "checkpoint step $step: mIoU $miou on $EVAL_SPLIT"
+  log "checkpoint step $step: mIoU $(fmt4 "$miou") on $EVAL_SPLIT"
   current=$(readlink "$CURRENT_LINK" || true)
   if [[ -z $current ]]; then
     promote "$checkpoint" "$miou"
     write_state decided "$step $FINGERPRINT"
-    finish "$EXIT_SUCCESS" promoted "first model exported: exports/$(readlink "$CURRENT_LINK")"
+    finish "$EXIT_SUCCESS" promoted "first model, mIoU $(fmt4 "$miou") (step $step): exports/current -> $(readlink "$CURRENT_LINK")"
   fi
   metrics="$CURRENT_LINK/metrics.json"
   current_step=$(json_get "$metrics" global_step)
@@ -446,10 +461,10 @@ main() {
   if no_worse_than "$miou" "$current_miou" "$MIOU_MARGIN"; then
     promote "$checkpoint" "$miou"
     write_state decided "$step $FINGERPRINT"
-    finish "$EXIT_SUCCESS" promoted "mIoU $miou vs $current_miou (step $current_step): exports/$(readlink "$CURRENT_LINK")"
+    finish "$EXIT_SUCCESS" promoted "mIoU $(fmt4 "$miou") (step $step) vs $(fmt4 "$current_miou") (step $current_step): exports/current -> $(readlink "$CURRENT_LINK")"
   fi
   write_state decided "$step $FINGERPRINT"
-  finish "$EXIT_SUCCESS" kept "mIoU $miou dropped more than $MIOU_MARGIN below the current model's $current_miou: current model kept"
+  finish "$EXIT_SUCCESS" kept "mIoU $(fmt4 "$miou") (step $step) is more than $MIOU_MARGIN below the current model's $(fmt4 "$current_miou") (step $current_step): current model kept"
 }
 
 main "$@"

@@ -105,9 +105,11 @@ is_url() { [[ $1 =~ ^(https?|ftp|file):// ]]; }
 download() {
   local url=$1 dest=$2
   if command -v curl >/dev/null 2>&1; then
-    run curl -fL --retry 3 -C - -o "$dest.part" "$url"
+    run curl -fL --retry 3 -C - -o "$dest.part" "$url" ||
+      die "downloading $url failed (curl exit status $?); re-run to resume, or download it yourself and pass the file"
   elif command -v wget >/dev/null 2>&1; then
-    run wget -c -O "$dest.part" "$url"
+    run wget -c -O "$dest.part" "$url" ||
+      die "downloading $url failed (wget exit status $?); re-run to resume, or download it yourself and pass the file"
   else
     die "neither curl nor wget is installed: download $url yourself and pass the file"
   fi

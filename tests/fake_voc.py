@@ -9,6 +9,7 @@ a tiny model, so nothing touches the network.
 import hashlib
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -106,9 +107,23 @@ def md5(path):
   return digest.hexdigest()
 
 
+def _script_variables():
+  """Names of the variables the scripts read (${NAME...})."""
+  names = set()
+  for path in SCRIPTS.glob('*.sh'):
+    names.update(re.findall(r'\$\{([A-Z][A-Z0-9_]*)', path.read_text()))
+  return names - {'PATH', 'HOME', 'TMPDIR'}
+
+
 def script_env(**overrides):
-  """The environment the scripts run in: the virtualenv first on PATH."""
-  env = dict(os.environ)
+  """The environment the scripts run in: the virtualenv first on PATH.
+
+  Settings of the scripts inherited from the caller's shell (WORK_DIR,
+  CHECKSUM, ...) are dropped so that only `overrides` and the tiny model
+  apply.
+  """
+  env = {k: v for k, v in os.environ.items()
+         if k not in _script_variables()}
   env['PATH'] = '%s%s%s' % (pathlib.Path(sys.executable).parent, os.pathsep,
                             env.get('PATH', ''))
   env['TF_CPP_MIN_LOG_LEVEL'] = '2'

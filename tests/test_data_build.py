@@ -164,7 +164,7 @@ def assert_build_fails(tmp_path, pairs, match, options=OPTIONS, **kwargs):
 def test_rgb_label_refused_when_conversion_is_off(tmp_path):
   assert_build_fails(
       tmp_path, common.tiny_pairs(9, 3),
-      r'SegmentationClass/img_00.png is an RGB colour label',
+      r'SegmentationClass/img_0\d.png is an RGB colour label',
       options=build.BuildOptions(num_classes=4, num_shards=2,
                                  convert_rgb_labels=False),
       label_mode='RGB')

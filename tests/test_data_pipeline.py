@@ -13,6 +13,7 @@ import tensorflow.compat.v1 as tf
 from deeplab_train.config import ConfigError
 from deeplab_train.config import PreprocessOptions
 from deeplab_train.data import build
+from deeplab_train.data import colormap
 from deeplab_train.data import datasets
 from deeplab_train.data import pipeline
 import test_data_common as common
@@ -119,7 +120,7 @@ def test_palette_png_stored_as_is_is_rejected_naming_the_image(tmp_path):
   rng = np.random.RandomState(5)
   ids = common.blocky_label(rng, 16, 16, 3, block=4)
   ids[0, 0], ids[0, 1] = 1, 2
-  palette = common.colormap.palette_for_png('pascal')
+  palette = colormap.palette_for_png('pascal')
   example = common.raw_example(
       '2007_000032', common.encode_png(common.random_image(rng, 16, 16)),
       common.encode_png(ids, 'P', palette), 16, 16)
@@ -159,9 +160,9 @@ def test_split_errors_are_clear_and_immediate(tmp_path, tiny_dir):
   out, _ = tiny_dir
   make = lambda d, split: pipeline.make_dataset(d, split, TINY, TRAIN, 2,
                                                 is_training=True)
-  with pytest.raises(ConfigError, match=r"no TFRecords for split 'test' in "
+  with pytest.raises(ConfigError, match=r"no TFRecords for split 'trainval' in "
                                         r".*splits found: train, val"):
-    make(out, 'test')
+    make(out, 'trainval')
   with pytest.raises(ConfigError, match='is not a folder'):
     make(str(tmp_path / 'nowhere'), 'train')
   (tmp_path / 'train-00000-of-00001.tfrecord').write_bytes(b'')

@@ -25,7 +25,8 @@ def _random_case(seed, num_classes=5, shape=(3, 17, 23)):
   labels = rng.integers(0, num_classes, shape)
   labels[rng.random(shape) < 0.2] = IGNORE
   # Predictions mostly right so the IoUs are not all near zero.
-  preds = np.where(rng.random(shape) < 0.6, np.where(labels == IGNORE, 0, labels),
+  right = np.where(labels == IGNORE, 0, labels)
+  preds = np.where(rng.random(shape) < 0.6, right,
                    rng.integers(0, num_classes, shape))
   return labels, preds
 

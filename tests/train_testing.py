@@ -96,17 +96,27 @@ def tiny_cli_args(logdir, dataset_dir, steps, *extra):
           '--save_summaries_secs=0'] + list(extra)
 
 
-def start_cli(args):
-  """Starts `python -m deeplab_train.cli.train ARGS`; returns the Popen."""
-  return subprocess.Popen(
+def start_cli(args, log_dir):
+  """Starts `python -m deeplab_train.cli.train ARGS`, its stdout and stderr
+  going to files in `log_dir` (a pipe could fill up and block it)."""
+  log_dir = pathlib.Path(log_dir)
+  log_dir.mkdir(parents=True, exist_ok=True)
+  out = open(log_dir / 'stdout.txt', 'w')
+  err = open(log_dir / 'stderr.txt', 'w')
+  proc = subprocess.Popen(
       [sys.executable, '-m', 'deeplab_train.cli.train'] + list(args),
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      env=subprocess_env(), cwd=str(REPO))
+      stdout=out, stderr=err, text=True, env=subprocess_env(), cwd=str(REPO))
+  proc.log_dir = log_dir
+  out.close()
+  err.close()
+  return proc
 
 
 def finish(proc, timeout=120):
-  """(exit code, result dict or None, stderr) of a started run."""
-  out, err = proc.communicate(timeout=timeout)
+  """(exit code, result dict or None, stderr text) of a started run."""
+  proc.wait(timeout=timeout)
+  out = (proc.log_dir / 'stdout.txt').read_text()
+  err = (proc.log_dir / 'stderr.txt').read_text()
   result = None
   for line in out.splitlines():
     if line.startswith('{') and '"event": "result"' in line:
@@ -114,8 +124,8 @@ def finish(proc, timeout=120):
   return proc.returncode, result, err
 
 
-def run_cli(args, timeout=120):
-  return finish(start_cli(args), timeout)
+def run_cli(args, log_dir, timeout=120):
+  return finish(start_cli(args, log_dir), timeout)
 
 
 def wait_for(predicate, timeout=90, interval=0.1, proc=None):
@@ -125,7 +135,8 @@ def wait_for(predicate, timeout=90, interval=0.1, proc=None):
     if predicate():
       return
     if proc is not None and proc.poll() is not None:
-      raise AssertionError('process exited early:\n%s' % proc.stderr.read())
+      raise AssertionError('process exited early:\n%s' % (
+          proc.log_dir / 'stderr.txt').read_text()[-3000:])
     time.sleep(interval)
   raise AssertionError('timed out waiting')
 
@@ -142,6 +153,18 @@ def checkpoint_steps(logdir):
 def latest_step(logdir):
   prefix = tf.train.latest_checkpoint(str(logdir))
   return None if prefix is None else int(prefix.rsplit('-', 1)[1])
+
+
+def load_values(session, variables, value_fn):
+  """Sets each variable to value_fn(variable) in one run (Variable.load
+  would add an op per call)."""
+  with session.graph.as_default():
+    feeds, assigns = {}, []
+    for var in variables:
+      ph = tf.placeholder(var.dtype.base_dtype, var.shape)
+      assigns.append(tf.assign(var, ph))
+      feeds[ph] = value_fn(var)
+  session.run(assigns, feeds)
 
 
 def read_checkpoint(prefix):

@@ -113,7 +113,8 @@ def main(argv):
   logging.getLogger('deeplab_train').setLevel(logging.INFO)
   try:
     info = convert_from_flags()
-  except ConfigError as e:
+  except (ConfigError, OSError) as e:
+    # Bad input or an unwritable --output_dir: one line, no traceback.
     print('deeplab-build-data: error: %s' % e, file=sys.stderr)
     return 1
   print('wrote %s: dataset %r, %d classes, ignore %d, splits %s'
@@ -124,6 +125,13 @@ def main(argv):
 
 
 def run():
+  # --help prints the __main__ module's docstring and key flags; started
+  # through the console script, __main__ is a stub: lend it ours.
+  main_module = sys.modules.get('__main__')
+  if main_module is not None and not getattr(main_module, '__doc__', None):
+    main_module.__doc__ = __doc__
+  for flag in FLAGS.get_key_flags_for_module(__name__):
+    FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   app.run(main)
 
 

@@ -1,4 +1,4 @@
-"""deeplab-eval: mIoU, per-class IoU and pixel accuracy of a checkpoint.
+r"""deeplab-eval: mIoU, per-class IoU and pixel accuracy of a checkpoint.
 
     deeplab-eval --checkpoint_dir=TRAIN_LOGDIR --dataset_dir=TFRECORDS \
         [--eval_split=val] [--eval_logdir=DIR] [--eval_crop_size=513,513] \
@@ -18,7 +18,6 @@ import json
 import logging
 import os
 
-from absl import app
 from absl import flags
 
 from deeplab_train import config
@@ -121,7 +120,7 @@ def print_result(result, scores):
   print('checkpoint %s (step %s), %d images of split %r'
         % (result['checkpoint'], result['global_step'], result['num_images'],
            result['split']))
-  print(json.dumps(result, sort_keys=True), flush=True)
+  print(json.dumps(dict(result, status='ok'), sort_keys=True), flush=True)
 
 
 def run_eval(opts):
@@ -141,16 +140,12 @@ def run_eval(opts):
 
 def main(argv):
   logging.getLogger().setLevel(logging.INFO)
-  try:
-    inference_flags.check_no_positional(COMMAND, argv)
-    run_eval(build_options())
-  except config.ConfigError as e:
-    return inference_flags.fail(COMMAND, e)
-  return inference_flags.EXIT_OK
+  return inference_flags.run_main(COMMAND, argv,
+                                  lambda: run_eval(build_options()))
 
 
 def run():
-  app.run(main, flags_parser=inference_flags.flags_parser(COMMAND))
+  inference_flags.run_app(COMMAND, main, __doc__, __name__)
 
 
 if __name__ == '__main__':

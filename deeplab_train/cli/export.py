@@ -1,4 +1,4 @@
-"""deeplab-export: frozen GraphDef and/or SavedModel from a checkpoint.
+r"""deeplab-export: frozen GraphDef and/or SavedModel from a checkpoint.
 
     deeplab-export --checkpoint_path=TRAIN_LOGDIR/model.ckpt-N \
         --export_path=OUT/frozen_inference_graph.pb \
@@ -18,7 +18,6 @@ import json
 import logging
 import os
 
-from absl import app
 from absl import flags
 
 from deeplab_train import config
@@ -101,7 +100,7 @@ def run_export(checkpoint, model_options, export_options):
   """Writes the requested exports; returns a summary dict."""
   frozen, graph_def, _ = freeze.freeze(checkpoint, model_options,
                                        export_options)
-  out = {'checkpoint': checkpoint, 'export_path': None,
+  out = {'status': 'ok', 'checkpoint': checkpoint, 'export_path': None,
          'saved_model_dir': None}
   if FLAGS.export_path:
     freeze.write_frozen_graph(frozen, FLAGS.export_path)
@@ -115,19 +114,18 @@ def run_export(checkpoint, model_options, export_options):
   return out
 
 
+def _export():
+  out = run_export(*build_options())
+  print(json.dumps(out, sort_keys=True), flush=True)
+
+
 def main(argv):
   logging.getLogger().setLevel(logging.INFO)
-  try:
-    inference_flags.check_no_positional(COMMAND, argv)
-    out = run_export(*build_options())
-  except config.ConfigError as e:
-    return inference_flags.fail(COMMAND, e)
-  print(json.dumps(out, sort_keys=True), flush=True)
-  return inference_flags.EXIT_OK
+  return inference_flags.run_main(COMMAND, argv, _export)
 
 
 def run():
-  app.run(main, flags_parser=inference_flags.flags_parser(COMMAND))
+  inference_flags.run_app(COMMAND, main, __doc__, __name__)
 
 
 if __name__ == '__main__':

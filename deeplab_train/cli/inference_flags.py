@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 
+from absl import app
 from absl import flags
 import tensorflow.compat.v1 as tf
 
@@ -52,7 +53,7 @@ def parse_crop(value, flag_name):
 
 
 def saved_run_config(folder):
-  """(ModelOptions, PreprocessOptions, dataset dict) saved in folder, or Nones."""
+  """(ModelOptions, PreprocessOptions, dataset dict) saved there, or Nones."""
   saved = config.load_run_config(folder) if folder else None
   return saved if saved is not None else (None, None, None)
 
@@ -92,6 +93,27 @@ def run_main(command, argv, body):
           flush=True)
     return EXIT_UNEXPECTED
   return EXIT_OK
+
+
+def run_app(command, main, doc, module_name):
+  """absl's app.run with exit 2 on bad flags and a useful --help.
+
+  Args:
+    command: the command name for messages.
+    main: fn(argv) -> exit code.
+    doc: the --help text (the command module's docstring).
+    module_name: the command module, whose flags --help lists along with
+      the shared ones.
+  """
+  main_module = sys.modules.get('__main__')
+  if main_module is not None and not getattr(main_module, '__doc__', None):
+    # The console script's __main__ has no docstring; absl prints this one.
+    main_module.__doc__ = doc
+  # absl's --help lists the key flags of the program (sys.argv[0]).
+  for name in (module_name, __name__, common_flags.__name__):
+    for flag in FLAGS.get_key_flags_for_module(name):
+      FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+  app.run(main, flags_parser=flags_parser(command))
 
 
 def flags_parser(command):

@@ -1,4 +1,4 @@
-"""deeplab-vis: coloured prediction PNGs for a split or a folder of images.
+r"""deeplab-vis: coloured prediction PNGs for a split or a folder of images.
 
     deeplab-vis --checkpoint_dir=TRAIN_LOGDIR --vis_logdir=OUT \
         (--dataset_dir=TFRECORDS [--vis_split=val] | --image_dir=PHOTOS) \
@@ -14,7 +14,6 @@ import json
 import logging
 import os
 
-from absl import app
 from absl import flags
 
 from deeplab_train import config
@@ -56,24 +55,27 @@ flags.DEFINE_integer('max_number_of_iterations', 1,
                      'deeplab-vis always visualises one checkpoint once.')
 
 
-def _dataset_info(saved_dataset):
-  """The dataset of the split, or (image_dir mode) of the trained model."""
+def _dataset_info(saved_dataset, config_folder):
+  """The dataset of the split, or (--image_dir) of the trained model."""
   name = FLAGS.dataset
   if saved_dataset and not common_flags.explicitly_set('dataset'):
     name = saved_dataset.get('name') or name
-  if FLAGS.image_dir and not FLAGS.dataset_dir and saved_dataset:
-    if name in datasets.BUILTIN_DATASETS:
-      return datasets.BUILTIN_DATASETS[name]
-    return datasets.DatasetInfo(
-        name=name, num_classes=int(saved_dataset['num_classes']),
-        ignore_label=int(saved_dataset.get('ignore_label', 255)),
-        splits_to_sizes={}, class_names=saved_dataset.get('class_names'),
-        palette=saved_dataset.get('palette'))
-  if not FLAGS.dataset_dir:
-    raise config.ConfigError(
-        '--dataset_dir is required (or --image_dir with a checkpoint_dir '
-        'holding %s)' % config.RUN_CONFIG_FILENAME)
-  return datasets.load_dataset_info(name, FLAGS.dataset_dir)
+  if FLAGS.dataset_dir:
+    return datasets.load_dataset_info(name, FLAGS.dataset_dir)
+  if not FLAGS.image_dir:
+    raise config.ConfigError('--dataset_dir is required (or --image_dir for '
+                             'a folder of plain images)')
+  # Image folder: the classes and palette the model was trained with.
+  if saved_dataset and saved_dataset.get('name', name) == name:
+    return datasets.DatasetInfo.from_dict(
+        saved_dataset, source=os.path.join(config_folder,
+                                           config.RUN_CONFIG_FILENAME))
+  if name in datasets.BUILTIN_DATASETS:
+    return datasets.BUILTIN_DATASETS[name]
+  raise config.ConfigError(
+      'dataset %r is not built in and the checkpoint has no %s: pass '
+      '--dataset_dir (a folder with its dataset.json)'
+      % (name, config.RUN_CONFIG_FILENAME))
 
 
 def build_options():
@@ -92,9 +94,10 @@ def build_options():
                     'visualises the latest checkpoint once',
                     FLAGS.max_number_of_iterations)
   checkpoint = predictor_lib.resolve_checkpoint(FLAGS.checkpoint_dir)
+  folder = os.path.dirname(checkpoint)
   saved_model, saved_pre, saved_dataset = inference_flags.saved_run_config(
-      os.path.dirname(checkpoint))
-  info = _dataset_info(saved_dataset)
+      folder)
+  info = _dataset_info(saved_dataset, folder)
   return {
       'checkpoint': checkpoint,
       'dataset_info': info,
@@ -138,24 +141,23 @@ def run_vis(opts):
                          train_id_to_eval_id=eval_ids)
 
 
+def _vis():
+  if FLAGS.vis_batch_size < 1:
+    raise config.ConfigError('--vis_batch_size must be >= 1')
+  opts = build_options()
+  count = run_vis(opts)
+  print(json.dumps({'status': 'ok', 'checkpoint': opts['checkpoint'],
+                    'num_images': count, 'vis_logdir': FLAGS.vis_logdir},
+                   sort_keys=True), flush=True)
+
+
 def main(argv):
   logging.getLogger().setLevel(logging.INFO)
-  try:
-    inference_flags.check_no_positional(COMMAND, argv)
-    if FLAGS.vis_batch_size < 1:
-      raise config.ConfigError('--vis_batch_size must be >= 1')
-    opts = build_options()
-    count = run_vis(opts)
-  except config.ConfigError as e:
-    return inference_flags.fail(COMMAND, e)
-  print(json.dumps({'checkpoint': opts['checkpoint'], 'num_images': count,
-                    'vis_logdir': FLAGS.vis_logdir}, sort_keys=True),
-        flush=True)
-  return inference_flags.EXIT_OK
+  return inference_flags.run_main(COMMAND, argv, _vis)
 
 
 def run():
-  app.run(main, flags_parser=inference_flags.flags_parser(COMMAND))
+  inference_flags.run_app(COMMAND, main, __doc__, __name__)
 
 
 if __name__ == '__main__':

@@ -188,7 +188,7 @@ def watch_checkpoints(checkpoint_dir, interval_secs, timeout_secs=None,
     sleep(poll_secs)
 
 
-def _checkpoints(checkpoint_dir, eval_options, sleep):
+def _checkpoints(checkpoint_dir, eval_options, sleep, clock):
   if not eval_options.follow:
     return [predictor_lib.resolve_checkpoint(checkpoint_dir)]
   if not os.path.isdir(checkpoint_dir):
@@ -198,7 +198,7 @@ def _checkpoints(checkpoint_dir, eval_options, sleep):
           '--checkpoint_dir=%s is a single checkpoint' % checkpoint_dir)
     _log.info('waiting for %s to appear', checkpoint_dir)
   return watch_checkpoints(checkpoint_dir, eval_options.eval_interval_secs,
-                           eval_options.timeout_secs, sleep=sleep)
+                           eval_options.timeout_secs, sleep=sleep, clock=clock)
 
 
 def evaluate_checkpoint(predictor, checkpoint_path, make_samples,
@@ -234,7 +234,7 @@ def evaluate_checkpoint(predictor, checkpoint_path, make_samples,
 
 def evaluate(checkpoint_dir, eval_logdir, model_options, inference,
              eval_options, dataset_info, make_samples, on_result=None,
-             session_config=None, sleep=time.sleep):
+             session_config=None, sleep=time.sleep, clock=time.monotonic):
   """Evaluates once, or follows a checkpoint directory.
 
   Args:
@@ -249,7 +249,7 @@ def evaluate(checkpoint_dir, eval_logdir, model_options, inference,
     on_result: fn(result dict, SegmentationMetrics) called after each
       evaluation (the CLI prints there).
     session_config: optional tf.ConfigProto.
-    sleep: injectable for tests.
+    sleep / clock: injectable for tests (follow mode).
 
   Returns:
     The list of result dicts.
@@ -261,7 +261,7 @@ def evaluate(checkpoint_dir, eval_logdir, model_options, inference,
   """
   eval_options.validate()
   inference.validate()
-  checkpoints = _checkpoints(checkpoint_dir, eval_options, sleep)
+  checkpoints = _checkpoints(checkpoint_dir, eval_options, sleep, clock)
   result_json = eval_options.result_json or os.path.join(eval_logdir,
                                                          RESULT_FILENAME)
   results = []

@@ -3,8 +3,9 @@
 The network is built once on a float32 placeholder; images of any size are
 padded bottom/right with the backbone's mean pixel (so the padding becomes 0
 after normalisation, as in the original preprocessing) to either the fixed
-crop size or the smallest size `k * output_stride + 1` that holds the batch,
-and the predicted labels are cropped back to each image. Checkpoints are
+crop size or the smallest size `k * output_stride + 1` that holds the image,
+and the predicted labels are cropped back to each image. An image's labels
+do not depend on the batch it is in. Checkpoints are
 checked against the graph's variables before restoring, so a checkpoint of a
 different network fails with a message instead of a TensorFlow trace.
 """
@@ -39,7 +40,7 @@ def fitting_size(height, width, output_stride):
 
 def padded_size(sizes, crop_size, output_stride, names=None,
                 crop_flag='eval_crop_size'):
-  """The size a batch of images is padded to.
+  """The size a group of images is padded to.
 
   Args:
     sizes: [(height, width), ...] of the images of the batch.
@@ -73,7 +74,7 @@ def padded_size(sizes, crop_size, output_stride, names=None,
 
 
 def pad_images(images, size, mean_pixel):
-  """Stacks images [h, w, 3] into [N, H, W, 3] float32 padded with mean_pixel."""
+  """Stacks images [h, w, 3] into [N, H, W, 3] padded with mean_pixel."""
   out = np.empty((len(images), size[0], size[1], 3), np.float32)
   out[...] = np.asarray(mean_pixel, np.float32)
   for i, image in enumerate(images):
@@ -217,12 +218,25 @@ class Predictor:
       ImageTooLargeError: an image does not fit the fixed crop size.
     """
     sizes = [im.shape[:2] for im in images]
-    size = padded_size(sizes, self.inference.crop_size,
-                       self.options.output_stride, names, self.crop_flag)
-    batch = pad_images(images, size, self.mean_pixel)
-    labels = self._session.run(self._labels, {self._images: batch})
-    return [labels[i, :h, :w].astype(np.int32)
-            for i, (h, w) in enumerate(sizes)]
+    names = names if names is not None else ['#%d' % i
+                                             for i in range(len(images))]
+    # The padding is seen by the image-level pooling, so each image gets the
+    # same padding whatever batch it is in: the crop, or its own fitting
+    # size (images of equal fitting size share one run).
+    groups = {}
+    for i, (h, w) in enumerate(sizes):
+      size = padded_size([(h, w)], self.inference.crop_size,
+                         self.options.output_stride, [names[i]],
+                         self.crop_flag)
+      groups.setdefault(size, []).append(i)
+    out = [None] * len(images)
+    for size, members in groups.items():
+      batch = pad_images([images[i] for i in members], size, self.mean_pixel)
+      labels = self._session.run(self._labels, {self._images: batch})
+      for row, i in enumerate(members):
+        h, w = sizes[i]
+        out[i] = labels[row, :h, :w].astype(np.int32)
+    return out
 
   def close(self):
     self._session.close()

@@ -1,4 +1,4 @@
-"""deeplab-vis's library side: prediction PNGs for a split or a folder of images.
+"""deeplab-vis's library side: prediction PNGs for a split or an image folder.
 
 For each image (named after the image, at the input image's size):
 
@@ -6,7 +6,8 @@ For each image (named after the image, at the input image's size):
   segmentation_results/NAME_prediction.png  predictions in the palette's colours
   raw_segmentation_results/NAME.png         class ids (optional; Cityscapes
                                             train ids mapped to eval ids)
-  overlay_results/NAME_overlay.png          image | prediction | blend (optional)
+  overlay_results/NAME_overlay.png          image | prediction | blend
+                                            (optional)
 
 Every file is written under a temp name and renamed.
 """
@@ -70,8 +71,9 @@ def _aligned_indices(size_in, size_out):
   if size_out == 1:
     return np.zeros(1, np.int64)
   scale = (size_in - 1) / (size_out - 1)
-  return np.minimum(np.round(np.arange(size_out) * scale).astype(np.int64),
-                    size_in - 1)
+  # Halves round up, as TensorFlow's aligned nearest-neighbour resize.
+  index = np.floor(np.arange(size_out) * scale + 0.5).astype(np.int64)
+  return np.minimum(index, size_in - 1)
 
 
 def resize_image(image, height, width):

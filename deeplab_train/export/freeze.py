@@ -1,4 +1,4 @@
-"""Frozen inference GraphDef: `ImageTensor:0` (uint8) -> `SemanticPredictions:0`.
+"""Frozen inference GraphDef: `ImageTensor:0` -> `SemanticPredictions:0`.
 
 The exported graph keeps the original DeepLab export's interface and
 preprocessing, so serving code written for it runs unchanged:

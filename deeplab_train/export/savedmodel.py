@@ -4,7 +4,8 @@ Built from the frozen GraphDef so it computes exactly what the `.pb` does.
 It loads in TensorFlow 2 and runs eagerly:
 
     model = tf.saved_model.load(path)
-    out = model.signatures['serving_default'](images=tf.constant(uint8_image[None]))
+    serve = model.signatures['serving_default']
+    out = serve(images=tf.constant(uint8_image[None]))
     labels = out['labels']            # int32 [1, H, W]
     probabilities = out['probabilities']  # float32 [1, H, W, C], if exported
 """
@@ -44,6 +45,7 @@ def write_saved_model(frozen_graph_def, export_dir):
       builder = tf.saved_model.Builder(tmp)
       builder.add_meta_graph_and_variables(
           sess, [tf.saved_model.tag_constants.SERVING],
-          signature_def_map={SIGNATURE_KEY: signature}, strip_default_attrs=True)
+          signature_def_map={SIGNATURE_KEY: signature},
+          strip_default_attrs=True)
       builder.save()
   return atomic.replace_dir(tmp, export_dir)

@@ -178,5 +178,5 @@ def make_init_plan(checkpoint, variables, exclude_scopes=(),
   with tf.name_scope('initialization'):
     saver = tf.train.Saver(var_list=restored, name='init_saver',
                            allow_empty=False)
-  return InitPlan(checkpoint, sorted(restored), excluded, missing, mismatched,
-                  hints, saver)
+  return InitPlan(checkpoint, sorted(restored), sorted(excluded),
+                  sorted(missing), sorted(mismatched), hints, saver)

@@ -2,8 +2,9 @@
 
 Name scopes: 'input' (the batch, split per tower), 'tower_i' (network, loss
 and gradients of tower i), 'average_gradients', 'train' (learning rate,
-optimizer, train op, finiteness check), 'summaries', 'initialization'
-(restore from --tf_initial_checkpoint).
+optimizer, train op, finiteness check), 'initialization' (restore from
+--tf_initial_checkpoint); summaries sit at the top so their TensorBoard tags
+are plain ('total_loss', 'learning_rate', 'losses/...', variable names).
 """
 from absl import logging
 import tensorflow.compat.v1 as tf
@@ -69,6 +70,12 @@ def _split_batch(samples, num_clones, batch_size):
   images = tf.split(samples['image'], num_clones, axis=0)
   labels = tf.split(samples['label'], num_clones, axis=0)
   return [{'image': i, 'label': l} for i, l in zip(images, labels)]
+
+
+def _as_ops(updates):
+  """Operations of update results (an assign to a resource variable
+  returns a variable-like object, whose .op is the assign)."""
+  return [u if isinstance(u, tf.Operation) else u.op for u in updates]
 
 
 def _image_summaries(tower, num_classes):
@@ -156,7 +163,7 @@ def build_training_graph(model_options, train_options, *, ignore_label,
     model_variables = [v for v in tf.global_variables() if v not in before]
     trainable = [v for v in tf.trainable_variables() if v not in before]
 
-    with tf.name_scope('train'):
+    with tf.name_scope('train') as train_scope:
       reg_losses = towers[0].regularization_losses
       regularization_loss = (tf.add_n(reg_losses, name='regularization_loss')
                              if reg_losses else None)
@@ -170,7 +177,7 @@ def build_training_graph(model_options, train_options, *, ignore_label,
     grads_and_vars = towers_lib.averaged_gradients(
         towers, trainable, regularization_loss, average_device=input_device)
 
-    with tf.name_scope('train'), tf.device(input_device):
+    with tf.name_scope(train_scope), tf.device(input_device):
       grads_and_vars = towers_lib.multiply_gradients(
           grads_and_vars, scopes.gradient_multipliers(
               trainable, last_layer_scopes,
@@ -180,27 +187,28 @@ def build_training_graph(model_options, train_options, *, ignore_label,
       apply_op = optimizer.apply_gradients(grads_and_vars,
                                            global_step=global_step)
       # BN moving averages are updated from tower 0's batch, as the original.
-      train_op = tf.group(apply_op, *towers[0].update_ops, name='train_op')
+      train_op = tf.group(apply_op, *_as_ops(towers[0].update_ops),
+                          name='train_op')
       with tf.control_dependencies([train_op]):
         step_after = tf.identity(global_step.read_value(), name='step_after')
         all_finite = tf.logical_and(
             tf.math.is_finite(total_loss),
             hooks.weights_are_finite(model_variables), name='all_finite')
 
-    with tf.name_scope('summaries'):
-      summaries = [tf.summary.scalar('losses/total_loss', total_loss),
-                   tf.summary.scalar('losses/data_loss', data_loss),
-                   tf.summary.scalar('learning_rate', learning_rate)]
-      if regularization_loss is not None:
-        summaries.append(tf.summary.scalar('losses/regularization_loss',
-                                           regularization_loss))
-      for scale, loss in sorted(towers[0].losses.items()):
-        summaries.append(tf.summary.scalar('losses/tower_0/%s' % scale, loss))
-      summaries += [tf.summary.histogram(v.op.name, v)
-                    for v in model_variables]
-      if train_options.save_summaries_images:
-        summaries += _image_summaries(towers[0], num_classes)
-      summary_op = tf.summary.merge(summaries)
+    # No name scope here: it would prefix every TensorBoard tag.
+    summaries = [tf.summary.scalar('losses/total_loss', total_loss),
+                 tf.summary.scalar('losses/data_loss', data_loss),
+                 tf.summary.scalar('learning_rate', learning_rate)]
+    if regularization_loss is not None:
+      summaries.append(tf.summary.scalar('losses/regularization_loss',
+                                         regularization_loss))
+    for scale, loss in sorted(towers[0].losses.items()):
+      summaries.append(tf.summary.scalar('losses/tower_0/%s' % scale, loss))
+    summaries += [tf.summary.histogram(v.op.name, v)
+                  for v in model_variables]
+    if train_options.save_summaries_images:
+      summaries += _image_summaries(towers[0], num_classes)
+    summary_op = tf.summary.merge(summaries)
 
     # Everything needed to resume exactly: global step, momentum slots,
     # batch-norm moving statistics.

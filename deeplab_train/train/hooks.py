@@ -68,9 +68,10 @@ class NonFiniteGuardHook(tf.train.SessionRunHook):
 class SignalStopHook(tf.train.SessionRunHook):
   """Asks the session to stop after the step when SIGTERM/SIGINT arrived.
 
-  The handlers are installed in begin() and the previous ones restored in
-  end() or by `restore()`. A second signal of the same kind gets the
-  previous behaviour (e.g. KeyboardInterrupt), for an impatient user.
+  `install()` sets the handlers (from the start of the run, so a signal
+  during graph building also stops cleanly) and `restore()` puts the
+  previous ones back. A second signal of the same kind gets the previous
+  behaviour (KeyboardInterrupt, termination), for an impatient user.
   """
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -91,12 +92,17 @@ class SignalStopHook(tf.train.SessionRunHook):
   def _handle(self, signum, frame):
     name = signal.Signals(signum).name
     if self._state.reason == SIGNAL_PREFIX + name:
-      previous = self._previous.get(signum)
+      # Second time: behave as before our handler (SIGINT raises
+      # KeyboardInterrupt, SIGTERM terminates).
+      previous = self._previous.get(signum, signal.SIG_DFL)
       if callable(previous):
         previous(signum, frame)
+      else:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
       return
     logging.warning('%s received: stopping after this step with a final '
-                    'checkpoint', name)
+                    'checkpoint (send it again to stop at once)', name)
     self._state.request(SIGNAL_PREFIX + name)
 
   def after_run(self, run_context, run_values):

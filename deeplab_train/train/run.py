@@ -116,18 +116,25 @@ def train(model_options, train_options, run_options, *, ignore_label,
   start = start_time or time.time()
   logdir = run_options.train_logdir
   os.makedirs(logdir, exist_ok=True)
+  stop = hooks_lib.StopState()
+  signals = hooks_lib.SignalStopHook(stop)
+  if handle_signals:
+    signals.install()
   try:
     with lock_lib.LogdirLock(logdir):
       return _train_locked(
           model_options, train_options, run_options, ignore_label, input_fn,
           preprocess_options, dataset, model_fn, last_layer_scopes,
-          session_config, device_pattern, handle_signals, master, start)
+          session_config, device_pattern, stop, signals, master, start)
   except lock_lib.LogdirLockedError as e:
     return RunResult('locked', 'locked', seconds=time.time() - start,
                      message=str(e))
   except config.ConfigError as e:
     return RunResult('bad_input', 'bad_input', seconds=time.time() - start,
                      message=str(e))
+  finally:
+    if handle_signals:
+      signals.restore()
 
 
 def _starting_point(train_options, run_options):
@@ -153,8 +160,8 @@ def _starting_point(train_options, run_options):
 
 def _train_locked(model_options, train_options, run_options, ignore_label,
                   input_fn, preprocess_options, dataset, model_fn,
-                  last_layer_scopes, session_config, device_pattern,
-                  handle_signals, master, start):
+                  last_layer_scopes, session_config, device_pattern, stop,
+                  signals, master, start):
   latest, start_step, init = _starting_point(train_options, run_options)
   target = train_options.training_number_of_steps
   if start_step >= target:
@@ -181,12 +188,17 @@ def _train_locked(model_options, train_options, run_options, ignore_label,
                start_step, last_step, train_options.train_batch_size,
                train_options.num_clones, model_options.crop_size,
                model_options.output_stride)
+  if stop.reason:
+    # Signalled while the graph was built: nothing trained, nothing to save.
+    return RunResult('ok', stop.reason, start_step, None, latest,
+                     time.time() - start, 'stopped before training (%s)'
+                     % stop.reason)
   return _session_loop(g, run_options, last_step, target, start_step,
-                       session_config or default_session_config(),
-                       handle_signals, master, start)
+                       session_config or default_session_config(), stop,
+                       signals, master, start)
 
 
-def _make_hooks(g, run_options, last_step, stop, start):
+def _make_hooks(g, run_options, last_step, stop, signals, start):
   """The hooks, in the order their after_run must run (see hooks.py)."""
   logdir = run_options.train_logdir
   progress = hooks_lib.ProgressHook(
@@ -197,7 +209,6 @@ def _make_hooks(g, run_options, last_step, stop, start):
       g['saver'], logdir, g['global_step'], g['step_after'],
       save_secs=run_options.save_interval_secs,
       save_steps=run_options.save_interval_steps)
-  signals = hooks_lib.SignalStopHook(stop)
   hook_list = [hooks_lib.NonFiniteGuardHook(g['total_loss'], g['all_finite'],
                                             g['step_after']),
                progress,
@@ -215,17 +226,14 @@ def _make_hooks(g, run_options, last_step, stop, start):
     os.makedirs(run_options.profile_logdir, exist_ok=True)
     hook_list.append(tf.train.ProfilerHook(
         save_steps=PROFILE_STEPS, output_dir=run_options.profile_logdir))
-  return hook_list, progress, checkpoints, signals
+  return hook_list, progress, checkpoints
 
 
 def _session_loop(g, run_options, last_step, target, start_step,
-                  session_config, handle_signals, master, start):
-  stop = hooks_lib.StopState()
+                  session_config, stop, signals, master, start):
   with g['graph'].as_default():
-    hook_list, progress, checkpoints, signals = _make_hooks(
-        g, run_options, last_step, stop, start)
-  if handle_signals:
-    signals.install()
+    hook_list, progress, checkpoints = _make_hooks(
+        g, run_options, last_step, stop, signals, start)
   elapsed = lambda: time.time() - start
   try:
     with g['graph'].as_default():
@@ -252,8 +260,8 @@ def _session_loop(g, run_options, last_step, target, start_step,
                      tf.train.latest_checkpoint(run_options.train_logdir),
                      elapsed(), message)
   finally:
-    if handle_signals:
-      signals.restore()
+    # Flushes and closes the summary writers (also after an error).
+    tf.summary.FileWriterCache.clear()
 
   step = progress.step if progress.step is not None else start_step
   checkpoint = checkpoints.last_checkpoint

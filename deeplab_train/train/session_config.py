@@ -1,0 +1,94 @@
+"""The session ConfigProto of a training run: threads, XLA, mixed precision.
+
+Speed settings live in the session config rather than in the graph, so one
+training graph (fp32 variables, fp32 loss) serves every setting and the
+checkpoints do not depend on them:
+
+- threads: intra-op (inside one op, e.g. a convolution) and inter-op
+  (independent ops at once) thread pools sized to the usable cores;
+- XLA: grappler's auto-clustering (`global_jit_level=ON_1`); on CPU it also
+  needs `cpu_global_jit`, without which only GPU ops are clustered;
+- mixed precision: grappler's automatic mixed-precision rewrite, which
+  casts the compute of convolutions, matmuls and their neighbours to a
+  16-bit type while variables stay fp32 and numerically sensitive ops
+  (softmax cross-entropy, reductions, exp/log) stay in fp32:
+    'bf16': the oneDNN bfloat16 rewrite (CPU with AVX512_BF16 / AMX);
+    'fp16': the float16 rewrite for GPUs; it needs loss scaling, which is
+            in the training graph (see `loss_scale.py`), not here.
+"""
+import os
+
+import tensorflow.compat.v1 as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
+
+MIXED_PRECISION_MODES = ('none', 'bf16', 'fp16')
+
+
+def usable_cores():
+  """Cores this process may run on (its CPU affinity, else the CPU count)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except (AttributeError, OSError):
+    return os.cpu_count() or 1
+
+
+def validate_mixed_precision(mode):
+  """Returns `mode` when known.
+
+  Raises:
+    ValueError: not one of MIXED_PRECISION_MODES (names the flag).
+  """
+  if mode not in MIXED_PRECISION_MODES:
+    raise ValueError('--mixed_precision must be one of %s, got %r'
+                     % ('/'.join(MIXED_PRECISION_MODES), mode))
+  return mode
+
+
+def make_session_config(mixed_precision='none', use_xla=False,
+                        intra_op_threads=None, inter_op_threads=None,
+                        allow_soft_placement=True, cpu_devices=None):
+  """Builds the tf.ConfigProto of a training (or benchmark) session.
+
+  Args:
+    mixed_precision: 'none', 'bf16' (oneDNN bfloat16 rewrite, CPU) or
+      'fp16' (float16 rewrite, GPU).
+    use_xla: XLA auto-clustering of the graph (GPU and CPU).
+    intra_op_threads: threads inside one op; None: every usable core;
+      0: TensorFlow's choice.
+    inter_op_threads: ops run at once; None: every usable core; 0:
+      TensorFlow's choice.
+    allow_soft_placement: put ops without a kernel on the requested
+      device (e.g. no GPU kernel) on the CPU.
+    cpu_devices: number of CPU devices (towers on '/cpu:i'), or None.
+
+  Returns:
+    A tf.ConfigProto.
+
+  Raises:
+    ValueError: unknown mixed-precision mode or a negative thread count.
+  """
+  validate_mixed_precision(mixed_precision)
+  cores = usable_cores()
+  intra = cores if intra_op_threads is None else intra_op_threads
+  inter = cores if inter_op_threads is None else inter_op_threads
+  if intra < 0 or inter < 0:
+    raise ValueError('thread counts must be >= 0 (0: TensorFlow decides), '
+                     'got intra_op=%d inter_op=%d' % (intra, inter))
+  config = tf.ConfigProto(allow_soft_placement=allow_soft_placement,
+                          intra_op_parallelism_threads=intra,
+                          inter_op_parallelism_threads=inter)
+  if cpu_devices:
+    config.device_count['CPU'] = cpu_devices
+  if use_xla:
+    optimizer_options = config.graph_options.optimizer_options
+    optimizer_options.global_jit_level = tf.OptimizerOptions.ON_1
+    optimizer_options.cpu_global_jit = True
+  rewrite = config.graph_options.rewrite_options
+  on = rewriter_config_pb2.RewriterConfig.ON
+  if mixed_precision == 'bf16':
+    rewrite.auto_mixed_precision_onednn_bfloat16 = on
+  elif mixed_precision == 'fp16':
+    # GPU only: without a GPU grappler skips it with a warning. (Its CPU
+    # emulation, `auto_mixed_precision_cpu`, crashes TF 2.21 on this graph.)
+    rewrite.auto_mixed_precision = on
+  return config

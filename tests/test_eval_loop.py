@@ -1,0 +1,262 @@
+"""deeplab-eval end to end on a tiny split, and its failure modes."""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+import eval_testing as et
+from deeplab_train import config
+from deeplab_train.cli import eval as eval_cli
+from deeplab_train.cli import export as export_cli
+from deeplab_train.data import datasets
+from deeplab_train.evaluation import eval_loop
+from deeplab_train.evaluation import predictor as predictor_lib
+from deeplab_train.export import freeze
+
+
+@pytest.fixture(scope='module')
+def tiny(tmp_path_factory):
+  """A tiny 'val' split and a checkpoint (with its run config) for it."""
+  root = str(tmp_path_factory.mktemp('tiny_eval'))
+  data = et.write_tiny_dataset(root)
+  train = os.path.join(root, 'train')
+  checkpoint = et.write_checkpoint(train, et.tiny_model_options())
+  return {'root': root, 'data': data, 'train': train,
+          'checkpoint': checkpoint}
+
+
+def _numpy_miou(pairs, num_classes, ignore):
+  """mIoU as the original defines it, from label/prediction arrays."""
+  inter = np.zeros(num_classes)
+  union = np.zeros(num_classes)
+  for label, pred in pairs:
+    keep = label != ignore
+    for c in range(num_classes):
+      inter[c] += np.sum((label == c) & (pred == c) & keep)
+      union[c] += np.sum(((label == c) | (pred == c)) & keep)
+  present = union > 0
+  return float(np.mean(inter[present] / union[present]))
+
+
+def _last_json_line(text):
+  return json.loads(text.strip().splitlines()[-1])
+
+
+def test_eval_matches_exported_graph(tiny, tmp_path, capsys):
+  """The issue's contract: eval mIoU == mIoU of the frozen graph's labels."""
+  eval_dir = str(tmp_path / 'eval')
+  code = et.run_cli(eval_cli, [
+      '--checkpoint_dir=' + tiny['train'], '--dataset_dir=' + tiny['data'],
+      '--eval_logdir=' + eval_dir, '--eval_crop_size=41,41',
+      '--eval_batch_size=3'])
+  out = capsys.readouterr().out
+  assert code == 0
+  result = _last_json_line(out)
+  assert result['status'] == 'ok'
+  assert result['checkpoint'] == tiny['checkpoint']
+  assert result['global_step'] == 7 and result['num_images'] == 4
+
+  pb = str(tmp_path / 'export' / 'frozen.pb')
+  assert et.run_cli(export_cli, ['--checkpoint_path=' + tiny['train'],
+                                 '--export_path=' + pb,
+                                 '--crop_size=41,41']) == 0
+  graph_def = freeze.load_frozen_graph(pb)
+  pairs = [(label, freeze.run_frozen_graph(graph_def, image)[0])
+           for _, image, label in et.tiny_images()]
+  want = _numpy_miou(pairs, et.NUM_CLASSES, et.IGNORE)
+  assert result['miou'] == pytest.approx(want, rel=0.005)
+  # Predictions are not degenerate, so the comparison means something.
+  predicted = np.unique(np.concatenate([p.ravel() for _, p in pairs]))
+  assert len(predicted) >= 2
+
+  # Outputs: the JSON file equals the stdout line; table; summaries.
+  with open(os.path.join(eval_dir, 'eval_result.json')) as f:
+    assert json.load(f) == {k: v for k, v in result.items() if k != 'status'}
+  assert 'mIoU %.4f' % result['miou'] in out
+  events = glob.glob(os.path.join(eval_dir, 'events.out.tfevents.*'))
+  tags = {v.tag for e in tf.train.summary_iterator(events[0])
+          for v in e.summary.value}
+  assert {'eval/miou_1.0_overall', 'eval/miou_1.0_class_0',
+          'eval/pixel_accuracy'} <= tags
+
+
+def test_padding_is_not_scored(tiny):
+  """A large fixed crop and stride padding score exactly the image pixels."""
+  info = datasets.load_dataset_info('tiny', tiny['data'])
+  labelled = sum(int(np.sum(label != et.IGNORE))
+                 for _, _, label in et.tiny_images())
+  opts = et.tiny_model_options()
+  results = {}
+  for crop in (None, (57, 65)):
+    inference = config.InferenceOptions(crop_size=crop)
+    with predictor_lib.Predictor(opts, inference) as predictor:
+      samples = eval_loop.iterate_split(
+          tiny['data'], 'val', info, config.PreprocessOptions(crop_size=None),
+          predictor.mean_pixel)
+      result, _ = eval_loop.evaluate_checkpoint(
+          predictor, tiny['checkpoint'], lambda: samples, info,
+          config.EvalOptions(batch_size=2), inference)
+    assert result['num_pixels'] == labelled
+    results[crop] = result
+  assert 0 <= results[None]['miou'] <= 1
+
+
+def test_run_once_without_checkpoint_fails_at_once(tmp_path, capsys):
+  empty = tmp_path / 'empty_logdir'
+  empty.mkdir()
+  code = et.run_cli(eval_cli, ['--checkpoint_dir=%s' % empty,
+                               '--dataset_dir=%s' % tmp_path])
+  err = capsys.readouterr()
+  assert code == 2
+  assert 'no checkpoint in %s' % empty in err.err
+  assert _last_json_line(err.out)['status'] == 'bad_input'
+  code = et.run_cli(eval_cli, ['--checkpoint_dir=%s/missing/model.ckpt-1'
+                               % tmp_path, '--dataset_dir=%s' % tmp_path])
+  assert code == 2
+  assert 'neither a directory' in capsys.readouterr().err
+
+
+def test_crop_too_small_names_image_and_size(tiny, capsys):
+  code = et.run_cli(eval_cli, ['--checkpoint_dir=' + tiny['train'],
+                               '--dataset_dir=' + tiny['data'],
+                               '--eval_logdir=' + tiny['root'] + '/e2',
+                               '--eval_crop_size=33,41'])
+  err = capsys.readouterr().err
+  assert code == 2
+  assert 'image img_01 is 40x27' in err
+  assert '--eval_crop_size=41,41' in err
+
+
+def test_contradicting_model_flag_is_an_error(tiny, capsys):
+  code = et.run_cli(eval_cli, ['--checkpoint_dir=' + tiny['train'],
+                               '--dataset_dir=' + tiny['data'],
+                               '--output_stride=16'])
+  assert code == 2
+  assert '--output_stride=16 (trained with 8)' in capsys.readouterr().err
+
+
+def test_checkpoint_of_another_network_is_explained(tiny, tmp_path):
+  """No saved config and default model flags: a message, not a trace."""
+  bare = tmp_path / 'bare'
+  bare.mkdir()
+  for f in glob.glob(tiny['checkpoint'] + '.*') + [
+      os.path.join(tiny['train'], 'checkpoint')]:
+    shutil.copy(f, bare)
+  opts = et.tiny_model_options(depth_multiplier=0.5)
+  with predictor_lib.Predictor(opts, config.InferenceOptions()) as predictor:
+    with pytest.raises(predictor_lib.CheckpointMismatchError,
+                       match='with another shape'):
+      predictor.restore(str(bare / os.path.basename(tiny['checkpoint'])))
+
+
+def test_follow_mode_evaluates_each_new_checkpoint_once(tiny, tmp_path):
+  logdir = tmp_path / 'follow'
+  logdir.mkdir()
+  prefix7 = _copy_checkpoint(tiny['checkpoint'], str(logdir), 7)
+  written = []
+  clock = [0.0]
+
+  def fake_sleep(seconds):
+    clock[0] += seconds
+    # While "waiting", the trainer writes one more checkpoint.
+    if not written:
+      written.append(_copy_checkpoint(tiny['checkpoint'], str(logdir), 8))
+
+  info = datasets.load_dataset_info('tiny', tiny['data'])
+  images = [(name, image.astype(np.float32), label)
+            for name, image, label in et.tiny_images()[:2]]
+  make_samples = lambda: ({'image': i, 'label': l, 'name': n}
+                          for n, i, l in images)
+  results = eval_loop.evaluate(
+      str(logdir), str(tmp_path / 'follow_eval'), et.tiny_model_options(),
+      config.InferenceOptions(), config.EvalOptions(
+          follow=True, eval_interval_secs=0, max_number_of_evaluations=5,
+          timeout_secs=30),
+      info, make_samples, sleep=fake_sleep, clock=lambda: clock[0])
+  assert [r['checkpoint'] for r in results] == [prefix7] + written
+  assert results[0]['miou'] == results[1]['miou']
+  assert clock[0] == 1 + 30  # one poll until step 8, then the timeout
+
+
+def test_watch_checkpoints_waits_and_times_out(tmp_path):
+  clock = [0.0]
+  sleeps = []
+
+  def sleep(seconds):
+    sleeps.append(seconds)
+    clock[0] += seconds
+
+  logdir = str(tmp_path / 'not_yet')
+  watcher = eval_loop.watch_checkpoints(logdir, interval_secs=10,
+                                        timeout_secs=3, poll_secs=1,
+                                        sleep=sleep, clock=lambda: clock[0])
+  assert list(watcher) == []  # no checkpoint: gives up after the timeout
+  assert clock[0] == 3
+
+
+def test_multi_scale_and_flip_tag(tiny, tmp_path, capsys):
+  code = et.run_cli(eval_cli, ['--checkpoint_dir=' + tiny['checkpoint'],
+                               '--dataset_dir=' + tiny['data'],
+                               '--eval_logdir=' + str(tmp_path),
+                               '--eval_scales=0.75', '--eval_scales=1.0',
+                               '--add_flipped_images',
+                               '--eval_result_json=%s/r.json' % tmp_path])
+  assert code == 0
+  result = _last_json_line(capsys.readouterr().out)
+  assert result['eval_scales'] == [0.75, 1.0] and result['add_flipped_images']
+  assert json.loads((tmp_path / 'r.json').read_text())['miou'] == result['miou']
+  events = glob.glob(str(tmp_path / 'events.out.tfevents.*'))
+  tags = {v.tag for e in tf.train.summary_iterator(events[0])
+          for v in e.summary.value}
+  assert 'eval/miou_0.75_1.0_flipped_overall' in tags
+
+
+def _copy_checkpoint(prefix, logdir, step):
+  """Copies a checkpoint under a new step and makes it the latest."""
+  new = os.path.join(logdir, 'model.ckpt-%d' % step)
+  for path in glob.glob(prefix + '.*'):
+    shutil.copy(path, new + path[len(prefix):])
+  tf.train.update_checkpoint_state(logdir, new)
+  return new
+
+
+def test_entry_point_exits_2_without_checkpoint(tmp_path):
+  """Through the real entry point (absl app.run): message, code, no wait."""
+  result = subprocess.run(
+      [sys.executable, '-m', 'deeplab_train.cli.eval',
+       '--checkpoint_dir=%s' % tmp_path, '--dataset_dir=%s' % tmp_path],
+      capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+  assert result.returncode == 2
+  assert 'deeplab-eval: error: no checkpoint in %s' % tmp_path in result.stderr
+  assert json.loads(result.stdout.strip().splitlines()[-1])['status'] == (
+      'bad_input')
+
+
+@pytest.mark.slow
+def test_eval_of_a_short_training_run(tiny, tmp_path, capsys):
+  """deeplab-train's logdir (its saved config) is all deeplab-eval needs."""
+  # Imported here: only this test needs the trainer.
+  from deeplab_train.cli import train as train_cli
+  logdir = str(tmp_path / 'train')
+  code = et.run_cli(train_cli, [
+      '--train_logdir=' + logdir, '--dataset_dir=' + tiny['data'],
+      '--dataset=tiny', '--train_split=val', '--model_variant=mobilenet_v2',
+      '--depth_multiplier=0.25', '--aspp_convs_filters=16',
+      '--output_stride=8', '--train_crop_size=41,41', '--train_batch_size=2',
+      '--training_number_of_steps=2'])
+  assert code == 0
+  capsys.readouterr()
+  # No model flags: they come from the deeplab_config.json of the run.
+  assert et.run_cli(eval_cli, ['--checkpoint_dir=' + logdir,
+                               '--dataset_dir=' + tiny['data']]) == 0
+  result = _last_json_line(capsys.readouterr().out)
+  assert result['global_step'] == 2 and result['num_images'] == 4
+  assert 0.0 <= result['miou'] <= 1.0
+  assert os.path.isfile(os.path.join(logdir, 'eval', 'eval_result.json'))

@@ -1,0 +1,210 @@
+"""deeplab-export: the frozen graph's contract, SavedModel, the reference."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+from PIL import Image
+import pytest
+import tensorflow.compat.v1 as tf
+
+import eval_testing as et
+from deeplab_train import config
+from deeplab_train.cli import export as export_cli
+from deeplab_train.evaluation import predictor as predictor_lib
+from deeplab_train.export import freeze
+
+
+@pytest.fixture(scope='module')
+def tiny_ckpt(tmp_path_factory):
+  logdir = str(tmp_path_factory.mktemp('tiny_export') / 'train')
+  return et.write_checkpoint(logdir, et.tiny_model_options())
+
+
+@pytest.fixture(scope='module')
+def in_graph_41(tiny_ckpt):
+  """In-graph labels of the tiny images, padded to 41x41 as the export is."""
+  return _in_graph_labels(et.tiny_model_options(),
+                          config.InferenceOptions(crop_size=(41, 41)),
+                          tiny_ckpt,
+                          [image for _, image, _ in et.tiny_images()])
+
+
+def _in_graph_labels(model_options, inference, checkpoint, images):
+  with predictor_lib.Predictor(model_options, inference) as predictor:
+    predictor.restore(checkpoint)
+    return predictor.predict([im.astype(np.float32) for im in images])
+
+
+def _eager_saved_model_labels(saved_model_dir, images, tmp_path):
+  """Loads the SavedModel with TF2's tf.saved_model.load in a fresh process.
+
+  A fresh process, because other tests may have switched this one to graph
+  mode (tf.disable_v2_behavior); the SavedModel must run eagerly.
+  """
+  np.savez(tmp_path / 'in.npz', *images)
+  script = textwrap.dedent('''
+      import sys, numpy as np, tensorflow as tf
+      assert tf.executing_eagerly()
+      model = tf.saved_model.load(sys.argv[1])
+      serve = model.signatures['serving_default']
+      inputs = np.load(sys.argv[2])
+      out = {}
+      for i in range(len(inputs.files)):
+        result = serve(images=tf.constant(inputs['arr_%d' % i][None]))
+        out['labels_%d' % i] = result['labels'].numpy()
+        out['probs_%d' % i] = result['probabilities'].numpy()
+      np.savez(sys.argv[3], **out)
+  ''')
+  subprocess.run([sys.executable, '-c', script, saved_model_dir,
+                  str(tmp_path / 'in.npz'), str(tmp_path / 'out.npz')],
+                 check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+  return np.load(tmp_path / 'out.npz')
+
+
+def test_frozen_graph_and_saved_model_match_in_graph_inference(
+    tiny_ckpt, in_graph_41, tmp_path, capsys):
+  out = tmp_path / 'out'
+  code = et.run_cli(export_cli, [
+      '--checkpoint_path=' + tiny_ckpt, '--export_path=%s/frozen.pb' % out,
+      '--saved_model_dir=%s/saved_model' % out, '--crop_size=41,41',
+      '--save_inference_graph'])
+  assert code == 0
+  line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert line['status'] == 'ok' and line['checkpoint'] == tiny_ckpt
+  # Only the finished outputs: no temp files left behind.
+  assert sorted(os.listdir(out)) == ['frozen.pb', 'inference_graph.pbtxt',
+                                     'saved_model']
+
+  graph_def = freeze.load_frozen_graph(str(out / 'frozen.pb'))
+  ops = {n.op for n in graph_def.node}
+  assert not ops & {'VariableV2', 'VarHandleOp', 'ReadVariableOp'}
+  placeholders = [n for n in graph_def.node if n.op == 'Placeholder']
+  assert [n.name for n in placeholders] == ['ImageTensor']
+  assert placeholders[0].attr['dtype'].type == tf.uint8.as_datatype_enum
+
+  images = [image for _, image, _ in et.tiny_images()]
+  want = in_graph_41
+  served = _eager_saved_model_labels(str(out / 'saved_model'), images,
+                                     tmp_path)
+  for i, image in enumerate(images):
+    frozen = freeze.run_frozen_graph(graph_def, image)
+    assert frozen.shape == (1,) + image.shape[:2]
+    assert frozen.dtype == np.int32
+    np.testing.assert_array_equal(frozen[0], want[i])
+    np.testing.assert_array_equal(served['labels_%d' % i][0], want[i])
+    probs = served['probs_%d' % i]
+    assert probs.shape == (1,) + image.shape[:2] + (et.NUM_CLASSES,)
+    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-4)
+  assert len(np.unique(np.concatenate([w.ravel() for w in want]))) >= 2
+
+
+def test_multi_scale_flipped_export_matches_in_graph(tiny_ckpt, tmp_path):
+  pb = str(tmp_path / 'ms.pb')
+  assert et.run_cli(export_cli, [
+      '--checkpoint_path=' + os.path.dirname(tiny_ckpt), '--export_path=' + pb,
+      '--crop_size=41', '--crop_size=41', '--inference_scales=0.5',
+      '--inference_scales=1.0', '--add_flipped_images']) == 0
+  images = [image for _, image, _ in et.tiny_images()[:2]]
+  want = _in_graph_labels(
+      et.tiny_model_options(),
+      config.InferenceOptions(crop_size=(41, 41), scales=(0.5, 1.0),
+                              add_flipped_images=True), tiny_ckpt, images)
+  graph_def = freeze.load_frozen_graph(pb)
+  for image, labels in zip(images, want):
+    np.testing.assert_array_equal(freeze.run_frozen_graph(graph_def, image)[0],
+                                  labels)
+
+
+def test_image_larger_than_crop_fails_with_a_message(tiny_ckpt):
+  frozen, _, _ = freeze.freeze(
+      tiny_ckpt, et.tiny_model_options(),
+      config.ExportOptions(
+          inference=config.InferenceOptions(crop_size=(41, 41)),
+          with_probabilities=False))
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match='larger than the export crop size 41,41'):
+    freeze.run_frozen_graph(frozen, np.zeros((50, 30, 3), np.uint8))
+
+
+def test_resize_range_is_undone_at_the_output(tiny_ckpt):
+  """With max_resize_value the net sees a smaller image; output: input size."""
+  frozen, _, _ = freeze.freeze(
+      tiny_ckpt, et.tiny_model_options(),
+      config.ExportOptions(
+          inference=config.InferenceOptions(crop_size=(33, 33)),
+          max_resize_value=33, with_probabilities=False))
+  labels = freeze.run_frozen_graph(frozen, np.full((57, 49, 3), 90, np.uint8))
+  assert labels.shape == (1, 57, 49)
+
+
+def test_model_zoo_checkpoint_takes_model_flags(tiny_ckpt, in_graph_41,
+                                                tmp_path, capsys):
+  """No deeplab_config.json: the model flags describe the network."""
+  bare = tmp_path / 'zoo'
+  bare.mkdir()
+  prefix = str(bare / 'model.ckpt')
+  reader = tf.train.load_checkpoint(tiny_ckpt)
+  with tf.Graph().as_default():
+    variables = [tf.Variable(reader.get_tensor(name), name=name)
+                 for name in reader.get_variable_to_shape_map()]
+    with tf.Session() as sess:
+      sess.run(tf.variables_initializer(variables))
+      tf.train.Saver(variables).save(sess, prefix)
+  model_flags = ['--model_variant=mobilenet_v2', '--depth_multiplier=0.25',
+                 '--aspp_convs_filters=16', '--num_classes=3']
+  pb = str(tmp_path / 'zoo.pb')
+  args = ['--checkpoint_path=' + prefix, '--export_path=' + pb,
+          '--crop_size=41,41']
+  # Without the flags the default network (depth 1.0) does not match.
+  assert et.run_cli(export_cli, args) == 2
+  assert 'does not match the network' in capsys.readouterr().err
+  # The original export's default output stride (8) is the one trained here.
+  assert et.run_cli(export_cli, args + model_flags) == 0
+  image = et.tiny_images()[0][1]
+  got = freeze.run_frozen_graph(freeze.load_frozen_graph(pb), image)[0]
+  np.testing.assert_array_equal(got, in_graph_41[0])
+
+
+def test_contradicting_flag_and_missing_checkpoint(tiny_ckpt, tmp_path,
+                                                   capsys):
+  pb = str(tmp_path / 'x.pb')
+  assert et.run_cli(export_cli, ['--checkpoint_path=' + tiny_ckpt,
+                                 '--export_path=' + pb,
+                                 '--depth_multiplier=1.0']) == 2
+  assert '--depth_multiplier=1.0 (trained with 0.25)' in (
+      capsys.readouterr().err)
+  assert et.run_cli(export_cli, ['--checkpoint_path=%s/none' % tmp_path,
+                                 '--export_path=' + pb]) == 2
+  assert not os.path.exists(pb)
+
+
+@pytest.mark.slow
+def test_reference_checkpoint_reproduces_reference_predictions(
+    reference_dir, tmp_path):
+  """The original's export of the same weights, on the same image."""
+  prefix = str(tmp_path / 'ref' / 'model.ckpt')
+  subprocess.run([sys.executable, str(reference_dir / 'make_ckpt.py'),
+                  str(reference_dir / 'manifests' / 'mobilenet_v2_os8.json'),
+                  prefix], check=True, capture_output=True,
+                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+  pb = str(tmp_path / 'frozen_inference_graph.pb')
+  code = et.run_cli(export_cli, [
+      '--checkpoint_path=' + prefix, '--export_path=' + pb,
+      '--model_variant=mobilenet_v2', '--output_stride=8',
+      '--crop_size=513', '--crop_size=513', '--inference_scales=1.0'])
+  assert code == 0
+  with Image.open(reference_dir / 'input.png') as im:
+    image = np.asarray(im.convert('RGB'))
+  graph_def = freeze.load_frozen_graph(pb)
+  labels = freeze.run_frozen_graph(graph_def, image)
+  want = np.load(reference_dir / 'mobilenet_v2_os8' / 'predictions.npy')
+  assert labels.shape == want.shape == (1, 193, 257)
+  assert np.mean(labels == want) >= 0.99
+  logits = freeze.run_frozen_graph(graph_def, image,
+                                   'logits/semantic/BiasAdd')
+  np.testing.assert_allclose(
+      logits, np.load(reference_dir / 'mobilenet_v2_os8' / 'logits.npy'),
+      atol=1e-4)

@@ -1,0 +1,380 @@
+"""Tests of the shell scripts in scripts/ (PASCAL VOC pipeline and cron job).
+
+They run the real scripts with the real deeplab-* commands on small copies
+of the sample data (no network: a fake VOC tarball is made locally), with a
+tiny mobilenet_v2 passed through the scripts' environment variables.
+"""
+import fcntl
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+import fake_voc
+
+SHELL_SCRIPTS = sorted(p.name for p in fake_voc.SCRIPTS.glob('*.sh'))
+OWN_SCRIPTS = ('download_and_convert_voc2012.sh', 'train_voc.sh',
+               'eval_voc.sh', 'vis_voc.sh', 'export_voc.sh', 'local_test.sh',
+               'cron_retrain.sh')
+
+
+# ---------------------------------------------------------------------------
+# Static checks and argument handling (no TensorFlow).
+# ---------------------------------------------------------------------------
+def test_shellcheck_clean():
+  if shutil.which('shellcheck') is None:
+    pytest.skip('shellcheck is not installed (apt-get install shellcheck)')
+  scripts = [str(fake_voc.SCRIPTS / n) for n in OWN_SCRIPTS + ('common.sh',)]
+  proc = subprocess.run(['shellcheck', '-x'] + scripts, capture_output=True,
+                        text=True, check=False)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize('name', OWN_SCRIPTS)
+def test_scripts_are_strict_and_have_usage(name):
+  text = (fake_voc.SCRIPTS / name).read_text()
+  assert text.startswith('#!/usr/bin/env bash\n')
+  assert 'set -euo pipefail' in text
+  proc = fake_voc.run_script(name, '-h')
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  assert proc.stdout.startswith('Usage: %s' % name)
+
+
+@pytest.mark.parametrize('name', ['download_and_convert_voc2012.sh',
+                                  'cron_retrain.sh'])
+def test_unknown_option_is_refused(name, tmp_path):
+  proc = fake_voc.run_script(name, '--no_such_option', '--work_dir', tmp_path)
+  assert proc.returncode == 1
+  assert "unknown" in proc.stderr and '--no_such_option' in proc.stderr
+
+
+def test_cron_requires_data_and_work_dir(tmp_path):
+  proc = fake_voc.run_script('cron_retrain.sh', '--work_dir', tmp_path,
+                             env=fake_voc.script_env(DATA_DIR=''))
+  assert proc.returncode == 1
+  assert '--data_dir' in proc.stderr
+
+
+def test_cron_missing_data_folder_fails_without_touching_work(tmp_path):
+  work = tmp_path / 'work'
+  proc = fake_voc.run_script('cron_retrain.sh', '--data_dir',
+                             tmp_path / 'absent', '--work_dir', work)
+  assert proc.returncode == 1, fake_voc.describe(proc)
+  summary = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert summary['status'] == 'failed'
+  assert 'absent' in summary['message']
+  assert not (work / 'exports' / 'current').exists()
+
+
+# ---------------------------------------------------------------------------
+# The recipes' command lines (stub commands that record their arguments).
+# ---------------------------------------------------------------------------
+def _recorded_args(tmp_path, script, **env):
+  """Runs `script` with deeplab-* stubs first on PATH; returns their argv."""
+  stubs = tmp_path / 'stubs'
+  stubs.mkdir(exist_ok=True)
+  record = tmp_path / 'args.txt'
+  for command in ('deeplab-train', 'deeplab-eval', 'deeplab-vis',
+                  'deeplab-export'):
+    stub = stubs / command
+    stub.write_text('#!/bin/sh\nprintf "%%s\\n" "%s" "$@" > "%s"\n'
+                    % (command, record))
+    stub.chmod(0o755)
+  full_env = fake_voc.script_env(**env)
+  for name in fake_voc.TINY_MODEL_ENV:   # the recipe defaults, not the tiny model
+    if name not in env:
+      del full_env[name]
+  full_env['PATH'] = '%s:%s' % (stubs, full_env['PATH'])
+  proc = fake_voc.run_script(script, env=full_env)
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  return record.read_text().splitlines()
+
+
+def _fake_logdirs(tmp_path, with_config):
+  work = tmp_path / 'pascal_voc_seg'
+  records = work / 'tfrecord'
+  records.mkdir(parents=True)
+  (records / 'dataset.json').write_text('{}')
+  (records / 'train_aug-00000-of-00001.tfrecord').write_text('')
+  train = work / 'exp' / 'xception_65' / 'train'
+  train.mkdir(parents=True)
+  (train / 'model.ckpt-7.index').write_text('')
+  (train / 'checkpoint').write_text(
+      'model_checkpoint_path: "%s/model.ckpt-7"\n' % train)
+  if with_config:
+    (train / 'deeplab_config.json').write_text('{}')
+  return work, train
+
+
+def test_xception_recipe_flags(tmp_path):
+  work, train = _fake_logdirs(tmp_path, with_config=False)
+  args = _recorded_args(tmp_path, 'train_voc.sh', WORK_DIR=work)
+  assert args[0] == 'deeplab-train'
+  for flag in ('--model_variant=xception_65', '--atrous_rates=6',
+               '--atrous_rates=12', '--atrous_rates=18', '--output_stride=16',
+               '--decoder_output_stride=4', '--train_crop_size=513,513',
+               '--train_batch_size=16', '--base_learning_rate=0.007',
+               '--fine_tune_batch_norm=true', '--train_split=train_aug',
+               '--training_number_of_steps=30000',
+               '--train_logdir=%s' % train):
+    assert flag in args, (flag, args)
+  # Without a saved config, eval and export describe the network by flags.
+  args = _recorded_args(tmp_path, 'eval_voc.sh', WORK_DIR=work)
+  assert '--model_variant=xception_65' in args
+  assert '--eval_crop_size=513,513' in args
+  args = _recorded_args(tmp_path, 'export_voc.sh', WORK_DIR=work)
+  assert '--checkpoint_path=%s/model.ckpt-7' % train in args
+  assert '--num_classes=21' in args and '--atrous_rates=18' in args
+
+
+def test_saved_config_replaces_model_flags(tmp_path):
+  work, _ = _fake_logdirs(tmp_path, with_config=True)
+  for script in ('eval_voc.sh', 'vis_voc.sh', 'export_voc.sh'):
+    args = _recorded_args(tmp_path, script, WORK_DIR=work)
+    assert not [a for a in args if a.startswith(('--model_variant',
+                                                  '--atrous_rates',
+                                                  '--num_classes'))], args
+
+
+def test_mobilenet_recipe_flags(tmp_path):
+  work, _ = _fake_logdirs(tmp_path, with_config=False)
+  args = _recorded_args(tmp_path, 'train_voc.sh', WORK_DIR=work,
+                        RECIPE='mobilenet_v2', TRAIN_STEPS=5,
+                        TRAIN_SPLIT='trainval', BASE_LEARNING_RATE=0.0001)
+  assert '--model_variant=mobilenet_v2' in args
+  assert not [a for a in args if a.startswith(('--atrous_rates',
+                                                '--decoder_output_stride'))]
+  for flag in ('--training_number_of_steps=5', '--train_split=trainval',
+               '--base_learning_rate=0.0001'):
+    assert flag in args
+
+
+# ---------------------------------------------------------------------------
+# download_and_convert_voc2012.sh
+# ---------------------------------------------------------------------------
+def _convert(work, *args, env=None):
+  return fake_voc.run_script('download_and_convert_voc2012.sh', '--work_dir',
+                             work, '--num_shards', '1', *args, env=env)
+
+
+def _dataset_json(folder):
+  return json.loads((pathlib.Path(folder) / 'dataset.json').read_text())
+
+
+def test_wrong_checksum_extracts_nothing(tmp_path):
+  tarball = tmp_path / 'voc.tar'
+  fake_voc.make_voc_tarball(tarball, num_train=2, num_val=1)
+  work = tmp_path / 'work'
+  proc = _convert(work, '--checksum', '0' * 32, tarball)
+  assert proc.returncode == 1
+  assert 'checksum mismatch' in proc.stderr
+  assert not (work / 'VOCdevkit').exists()
+  assert not (work / 'tfrecord').exists()
+  assert not any((work / '.done').iterdir())
+
+
+def test_failed_conversion_leaves_nothing_that_looks_finished(tmp_path):
+  root = tmp_path / 'VOC2012'
+  splits = fake_voc.make_voc_root(root, num_train=2, num_val=2)
+  (root / 'SegmentationClass' / ('%s.png' % splits['val'][1])).write_bytes(
+      b'not a png')
+  work = tmp_path / 'work'
+  proc = _convert(work, root)
+  assert proc.returncode == 1, fake_voc.describe(proc)
+  assert 'not a readable label' in proc.stderr
+  assert not (work / 'tfrecord').exists()
+  assert not (work / '.done' / 'tfrecord').exists()
+
+
+def test_sbd_labels_add_train_aug(tmp_path):
+  extra = fake_voc.sample_ids('train', 9)[6:]   # images without VOC labels
+  root = tmp_path / 'VOC2012'
+  splits = fake_voc.make_voc_root(root, num_train=3, num_val=2,
+                                  extra_images=extra)
+  sbd = tmp_path / 'sbd'
+  sbd.mkdir()
+  # SBD labels: the extra images, one VOC train image and one VOC val image.
+  for image_id in extra + [splits['train'][0], splits['val'][0]]:
+    shutil.copy(fake_voc.SAMPLE / 'SegmentationClass' / ('%s.png' % image_id),
+                sbd)
+  work = tmp_path / 'work'
+  proc = _convert(work, '--sbd_labels', sbd, root)
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  train_aug = (work / 'lists' / 'train_aug.txt').read_text().split()
+  assert train_aug == sorted(extra + splits['train'])
+  info = _dataset_json(work / 'tfrecord')
+  assert info['splits_to_sizes']['train_aug'] == len(train_aug)
+  assert info['splits_to_sizes']['val'] == 2
+  # Re-run: every step skipped.
+  again = _convert(work, '--sbd_labels', sbd, root)
+  assert again.returncode == 0, fake_voc.describe(again)
+  assert 'tfrecord: ' in again.stderr and 'built earlier, skipping' in again.stderr
+
+
+@pytest.mark.slow
+def test_voc_pipeline_end_to_end(tmp_path):
+  tarball = tmp_path / 'fake_VOCtrainval.tar'
+  splits, md5 = fake_voc.make_voc_tarball(tarball, num_train=6, num_val=3)
+  work = tmp_path / 'pascal_voc_seg'
+
+  # A custom tarball without a checksum is used, with a warning.
+  url_work = tmp_path / 'from_url'
+  proc = _convert(url_work, 'file://%s' % tarball)
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  assert 'unverified' in proc.stderr
+  assert (url_work / 'fake_VOCtrainval.tar').is_file()
+
+  proc = _convert(work, '--checksum', md5, tarball)
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  info = _dataset_json(work / 'tfrecord')
+  assert info['name'] == 'pascal_voc_seg' and info['num_classes'] == 21
+  assert info['splits_to_sizes'] == {'train': 6, 'val': 3, 'trainval': 9}
+  shards = sorted(p.name for p in (work / 'tfrecord').glob('*.tfrecord'))
+  assert shards == ['train-00000-of-00001.tfrecord',
+                    'trainval-00000-of-00001.tfrecord',
+                    'val-00000-of-00001.tfrecord']
+  before = {p: p.stat().st_mtime_ns for p in (work / 'tfrecord').iterdir()}
+
+  # local_test.sh on the same work dir: the conversion is skipped, then
+  # train, eval, vis and export run on the tiny model.
+  env = fake_voc.script_env(WORK_DIR=work, VOC_SOURCE=tarball, CHECKSUM=md5,
+                            TRAIN_STEPS=3, TRAIN_SPLIT='train')
+  proc = fake_voc.run_script('local_test.sh', env=env)
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  for step in ('verify', 'extract', 'lists', 'tfrecord'):
+    assert '%s: ' % step in proc.stderr
+  assert proc.stderr.count('skipping') >= 4
+  assert {p: p.stat().st_mtime_ns
+          for p in (work / 'tfrecord').iterdir()} == before
+
+  exp = work / 'exp' / 'mobilenet_v2'
+  assert (exp / 'train' / 'model.ckpt-3.index').is_file()
+  result = json.loads((exp / 'eval' / 'eval_result.json').read_text())
+  assert result['global_step'] == 3 and result['num_images'] == 3
+  assert 0.0 <= result['miou'] <= 1.0
+  pictures = list((exp / 'vis').rglob('*.png'))
+  assert len(pictures) >= len(splits['val'])
+  frozen = exp / 'export' / 'frozen_inference_graph.pb'
+  assert frozen.stat().st_size > 0
+  assert b'ImageTensor' in frozen.read_bytes()
+  assert b'SemanticPredictions' in frozen.read_bytes()
+
+
+# ---------------------------------------------------------------------------
+# cron_retrain.sh
+# ---------------------------------------------------------------------------
+class Cron:
+  """Runs cron_retrain.sh on one data folder and work folder."""
+
+  def __init__(self, tmp_path):
+    self.data = tmp_path / 'data'
+    self.work = tmp_path / 'work'
+    fake_voc.make_voc_root(self.data, num_train=6, num_val=3)
+    self.current = self.work / 'exports' / 'current'
+
+  def run(self, **env):
+    settings = dict(STEPS_PER_RUN=2, KEEP_EXPORTS=1, DATASET_NAME='shapes',
+                    NUM_CLASSES=5)
+    settings.update(env)
+    proc = fake_voc.run_script(
+        'cron_retrain.sh', '--data_dir', self.data, '--work_dir', self.work,
+        env=fake_voc.script_env(**settings))
+    lines = proc.stdout.strip().splitlines()
+    summary = json.loads(lines[-1]) if lines else {}
+    return proc, summary
+
+  def current_target(self):
+    return os.readlink(self.current)
+
+  def metrics(self):
+    return json.loads((self.current / 'metrics.json').read_text())
+
+  def log_of(self, summary):
+    return pathlib.Path(summary['log']).read_text()
+
+
+def _assert_rule_followed(summary, margin, before, cron):
+  """Promoted iff mIoU did not drop by more than the margin."""
+  if summary['miou'] >= summary['current_miou'] - margin:
+    assert summary['status'] == 'promoted', summary
+    assert cron.current_target() != before
+  else:
+    assert summary['status'] == 'kept', summary
+    assert cron.current_target() == before
+
+
+@pytest.mark.slow
+def test_cron_retrain_rounds(tmp_path):
+  cron = Cron(tmp_path)
+
+  # 1: first round builds, trains 2 steps, evaluates and promotes.
+  proc, summary = cron.run()
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  assert summary['status'] == 'promoted' and summary['global_step'] == 2
+  first = cron.current_target()
+  assert first.endswith('-step2')
+  export = cron.current
+  assert (export / 'frozen_inference_graph.pb').stat().st_size > 0
+  assert (export / 'saved_model' / 'saved_model.pb').is_file()
+  assert (export / 'checkpoint' / 'model.ckpt-2.index').is_file()
+  assert cron.metrics()['global_step'] == 2
+  assert cron.metrics()['miou'] == pytest.approx(summary['miou'])
+  assert json.loads((cron.work / 'last_run.json').read_text()) == summary
+  records = os.readlink(cron.work / 'tfrecord')
+
+  # 2: new data -> rebuilt TFRecords, 2 more steps from the checkpoint, the
+  # current model re-measured on the new data, then the margin rule.
+  fake_voc.copy_pair(fake_voc.sample_ids('val', 4)[3], cron.data)
+  with open(cron.data / 'ImageSets' / 'Segmentation' / 'val.txt', 'a') as f:
+    f.write(fake_voc.sample_ids('val', 4)[3] + '\n')
+  proc, summary = cron.run(MIOU_MARGIN=0.005)
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  assert summary['global_step'] == 4
+  assert os.readlink(cron.work / 'tfrecord') != records
+  assert 're-evaluating' in cron.log_of(summary)
+  _assert_rule_followed(summary, 0.005, first, cron)
+  exports = [p for p in (cron.work / 'exports').iterdir()
+             if not p.is_symlink()]
+  assert len(exports) == 1   # KEEP_EXPORTS=1, and `current` is among them
+  second = cron.current_target()
+
+  # 3: the current model is (pretend) far better: the new one is kept.
+  metrics = cron.metrics()
+  metrics['miou'] = 1.0
+  metrics['data_fingerprint'] = (
+      cron.work / 'state' / 'built.fingerprint').read_text().strip()
+  (cron.current / 'metrics.json').write_text(json.dumps(metrics))
+  proc, summary = cron.run(MIOU_MARGIN=0.005)
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  assert summary['status'] == 'kept' and summary['global_step'] == 6
+  assert cron.current_target() == second
+
+  # 4: data unchanged, training only on new data: nothing to do.
+  proc, summary = cron.run(TRAIN_ONLY_ON_NEW_DATA=1)
+  assert proc.returncode == 10, fake_voc.describe(proc)
+  assert summary['status'] == 'nothing_to_do'
+
+  # 5: another run holds the lock: busy, nothing touched.
+  with open(cron.work / 'cron.lock', 'a') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    proc, summary = cron.run()
+  assert proc.returncode == 75, fake_voc.describe(proc)
+  assert summary['status'] == 'busy'
+  assert cron.current_target() == second
+
+  # 6: a broken label in the data folder: failure, current model and
+  # TFRecords untouched.
+  records = os.readlink(cron.work / 'tfrecord')
+  label = next((cron.data / 'SegmentationClass').glob('*.png'))
+  label.write_bytes(b'broken')
+  proc, summary = cron.run()
+  assert proc.returncode == 1, fake_voc.describe(proc)
+  assert summary['status'] == 'failed'
+  assert 'deeplab-build-data failed' in summary['message']
+  assert cron.current_target() == second
+  assert (cron.current / 'frozen_inference_graph.pb').is_file()
+  assert os.readlink(cron.work / 'tfrecord') == records
+  assert not list((cron.work / 'tfrecords').glob('.tmp-*'))

@@ -1,0 +1,180 @@
+"""deeplab-train: flag validation (exit 2 with one line, before any graph),
+and end to end in a subprocess: SIGKILL then resume, SIGTERM, the lock,
+--help."""
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from absl import flags
+import pytest
+
+from deeplab_train import config
+from deeplab_train.cli import train as train_cli
+from deeplab_train.train import lock as lock_lib
+
+import train_testing as tt
+
+FLAGS = flags.FLAGS
+
+
+@pytest.fixture(scope='module')
+def records(tmp_path_factory):
+  out = tmp_path_factory.mktemp('records')
+  tt.make_tfrecords(out, count=2)
+  return str(out)
+
+
+def _main(args):
+  """Runs main() in-process on `args`; returns (exit code, result dict)."""
+  FLAGS.unparse_flags()
+  try:
+    FLAGS(['deeplab-train'] + args)
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+      code = train_cli.main(['deeplab-train'])
+  finally:
+    FLAGS.unparse_flags()
+  lines = [l for l in stdout.getvalue().splitlines() if l.startswith('{')]
+  return code, json.loads(lines[-1])
+
+
+def _args(tmp_path, records, *extra):
+  return tt.tiny_cli_args(tmp_path / 'log', records, 5, *extra)
+
+
+@pytest.mark.parametrize('extra,message', [
+    (['--train_batch_size=3', '--num_clones=2'],
+     '--train_batch_size=3 is not divisible by --num_clones=2'),
+    (['--train_crop_size=64,64'],
+     'nearest valid size for 64: 49 or 65'),
+    (['--train_crop_size=33,40'], 'nearest valid size for 40: 33 or 49'),
+    (['--train_split=nope'], 'nope'),
+    (['--label_weights=1', '--label_weights=2'],
+     '--label_weights has 2 values but the dataset has 5 classes'),
+    (['--quantize_delay_step=0'], 'not supported'),
+    (['--learning_policy=step', '--learning_rate_decay_step=0'],
+     '--learning_rate_decay_step must be >= 1'),
+    (['--tf_initial_checkpoint=/nonexistent/model.ckpt'],
+     'no checkpoint there'),
+])
+def test_bad_flags_exit_2_with_a_message(tmp_path, records, extra, message):
+  code, result = _main(_args(tmp_path, records, *extra))
+  assert code == 2 and result['status'] == 'bad_input'
+  assert message in result['message']
+  # Nothing was started: no checkpoint, no saved config.
+  assert tt.latest_step(tmp_path / 'log') is None
+  assert not (tmp_path / 'log' / config.RUN_CONFIG_FILENAME).exists()
+
+
+@pytest.mark.parametrize('missing', ['train_logdir', 'dataset_dir'])
+def test_required_flags(tmp_path, records, missing):
+  args = [a for a in _args(tmp_path, records)
+          if not a.startswith('--%s=' % missing)]
+  code, result = _main(args)
+  assert code == 2
+  assert result['message'].startswith('--%s is required' % missing)
+
+
+def test_contradicting_model_flag_on_resume(tmp_path, records):
+  (tmp_path / 'log').mkdir()
+  config.save_run_config(str(tmp_path / 'log'), tt.tiny_model_options(),
+                         config.PreprocessOptions(crop_size=(33, 33)),
+                         {'name': 'shapes', 'num_classes': 5,
+                          'ignore_label': 255})
+  code, result = _main(_args(tmp_path, records, '--depth_multiplier=0.5'))
+  assert code == 2
+  assert '--depth_multiplier=0.5 (trained with 0.25)' in result['message']
+
+
+def test_unknown_flag_exits_2(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    train_cli._parse_flags(['deeplab-train', '--train_bach_size=4'])
+  FLAGS.unparse_flags()
+  assert exit_info.value.code == 2
+  assert "Unknown command line flag 'train_bach_size'" in capsys.readouterr().err
+
+
+def test_small_batch_with_batch_norm_training_warns():
+  warnings = config.check_training_setup(
+      tt.tiny_model_options(), config.TrainOptions(train_batch_size=8,
+                                                   num_clones=2))
+  assert len(warnings) == 1 and '4 images per tower' in warnings[0]
+  assert not config.check_training_setup(
+      tt.tiny_model_options(), config.TrainOptions(train_batch_size=24,
+                                                   num_clones=2))
+
+
+@pytest.mark.slow
+def test_sigkill_then_restart_resumes_at_the_checkpoint(tmp_path, records):
+  logdir = tmp_path / 'log'
+  args = tt.tiny_cli_args(logdir, records, 12, '--save_interval_steps=3')
+  proc = tt.start_cli(args, tmp_path / 'run1')
+  try:
+    tt.wait_for(lambda: 3 in tt.checkpoint_steps(logdir), proc=proc)
+  finally:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  resumed_from = tt.latest_step(logdir)
+  assert 3 <= resumed_from < 12
+  # The killed run's lock file is left behind; --tf_initial_checkpoint is
+  # ignored because the logdir holds a checkpoint.
+  assert (logdir / lock_lib.LOCK_FILENAME).exists()
+  code, result, err = tt.run_cli(
+      args + ['--tf_initial_checkpoint=%s/model.ckpt-0' % logdir],
+      tmp_path / 'run2')
+  assert code == 0, err[-3000:]
+  assert result['stop_reason'] == 'finished' and result['global_step'] == 12
+  assert 'from step %d to 12' % resumed_from in err
+  assert 'stale lock' in err
+  assert 'RESUMING' in err and 'IGNORED' in err
+  assert tt.latest_step(logdir) == 12
+  assert not (logdir / lock_lib.LOCK_FILENAME).exists()
+  saved = config.load_run_config(str(logdir))
+  assert saved[0] == tt.tiny_model_options()
+  assert saved[2]['num_classes'] == 5
+
+
+@pytest.mark.slow
+def test_sigterm_leaves_a_checkpoint_at_the_current_step(tmp_path, records):
+  logdir = tmp_path / 'log'
+  result_file = tmp_path / 'result.json'
+  proc = tt.start_cli(
+      tt.tiny_cli_args(logdir, records, 100000,
+                       '--result_json=%s' % result_file), tmp_path / 'run')
+  tt.wait_for(lambda: tt.latest_step(logdir) == 0, proc=proc)
+  proc.send_signal(signal.SIGTERM)
+  code, result, err = tt.finish(proc)
+  assert code == 0, err[-3000:]
+  assert result['status'] == 'ok'
+  assert result['stop_reason'] == 'signal:SIGTERM'
+  assert result['global_step'] >= 1
+  assert tt.latest_step(logdir) == result['global_step']
+  assert result['checkpoint'].endswith('model.ckpt-%d' % result['global_step'])
+  assert json.loads(result_file.read_text()) == result
+
+
+@pytest.mark.slow
+def test_locked_logdir_exits_75_naming_the_holder(tmp_path, records):
+  logdir = tmp_path / 'log'
+  logdir.mkdir()
+  with lock_lib.LogdirLock(str(logdir)):
+    code, result, err = tt.run_cli(tt.tiny_cli_args(logdir, records, 5),
+                                   tmp_path / 'run')
+  assert code == 75
+  assert result['status'] == 'locked'
+  assert 'pid %d' % os.getpid() in err
+  assert tt.latest_step(logdir) is None
+
+
+@pytest.mark.slow
+def test_help_documents_the_exit_codes():
+  out = subprocess.run(
+      [sys.executable, '-c', 'from deeplab_train.cli import train; train.run()',
+       '--help'], capture_output=True, text=True, env=tt.subprocess_env(),
+      timeout=120).stdout
+  assert 'Exit codes:' in out and '75  the logdir is locked' in out
+  assert '--train_logdir' in out

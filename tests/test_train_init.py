@@ -1,0 +1,159 @@
+"""Initialisation from a checkpoint: a 21-class checkpoint into a 5-class
+model, with and without the last layers; shape mismatches; bad paths."""
+import os
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from deeplab_train import config
+from deeplab_train.model import deeplab
+from deeplab_train.model import layers
+from deeplab_train.train import checkpoint_init
+from deeplab_train.train import graph as graph_lib
+
+import train_testing as tt
+
+EXTRA_SCOPES = ('logits', 'image_pooling', 'aspp', 'concat_projection',
+                'decoder', 'meta_architecture')
+
+
+def _value(name, shape):
+  """Deterministic values, positive where BN needs it."""
+  rng = np.random.RandomState(abs(hash(name)) % (2**31))
+  if name.endswith('moving_variance') or name.endswith('gamma'):
+    return rng.uniform(0.8, 1.2, shape).astype(np.float32)
+  return rng.normal(0, 0.1, shape).astype(np.float32)
+
+
+def _model_variables(options):
+  """Builds DeepLab in the current graph; returns its variables."""
+  images = tf.zeros([1, 33, 33, 3])
+  with layers.recording():
+    deeplab.multi_scale_logits(images, options, is_training=True,
+                               fine_tune_batch_norm=True)
+  return tf.global_variables()
+
+
+@pytest.fixture(scope='module')
+def checkpoint_21(tmp_path_factory):
+  """A 21-class checkpoint of the tiny model (with decoder) and its values."""
+  prefix = str(tmp_path_factory.mktemp('ckpt21') / 'model.ckpt')
+  options = tt.tiny_model_options(num_classes=21, decoder=(4,))
+  with tf.Graph().as_default():
+    variables = _model_variables(options)
+    saver = tf.train.Saver(variables)
+    with tf.Session() as sess:
+      tt.load_values(sess, variables,
+                     lambda v: _value(v.op.name, v.shape.as_list()))
+      saver.save(sess, prefix, write_meta_graph=False)
+  return prefix, tt.read_checkpoint(prefix)
+
+
+def _init_5_classes(prefix, **train_flags):
+  """Builds the 5-class training graph, runs its init; returns values."""
+  options = tt.tiny_model_options(num_classes=5, decoder=(4,))
+  train = config.TrainOptions(train_batch_size=2, fine_tune_batch_norm=False,
+                              **train_flags).validate()
+  images, labels = tt.synthetic_batch(2, 33)
+  g = graph_lib.build_training_graph(
+      options, train, ignore_label=255,
+      input_fn=tt.constant_input_fn(images, labels), init_checkpoint=prefix,
+      device_pattern='/cpu:%d')
+  with tf.Session(graph=g['graph']) as sess:
+    sess.run(tf.variables_initializer(
+        g['graph'].get_collection(tf.GraphKeys.GLOBAL_VARIABLES)))
+    g['scaffold'].init_fn(sess)  # what the session manager calls
+    values = sess.run({v.op.name: v for v in g['model_variables']})
+  return g['init_plan'], values
+
+
+def test_logits_only_restores_everything_but_the_logits(checkpoint_21):
+  prefix, ckpt = checkpoint_21
+  plan, values = _init_5_classes(prefix, initialize_last_layer=False,
+                                 last_layers_contain_logits_only=True)
+  logits = sorted(n for n in values if n.startswith('logits'))
+  assert logits == ['logits/semantic/biases', 'logits/semantic/weights']
+  assert sorted(plan.excluded) == logits
+  assert not plan.missing and not plan.mismatched
+  assert sorted(plan.restored) == sorted(set(values) - set(logits))
+  assert any(n.startswith('decoder/') for n in plan.restored)
+  for name in plan.restored:
+    np.testing.assert_array_equal(values[name], ckpt[name], err_msg=name)
+  assert values['logits/semantic/weights'].shape == (1, 1, 256, 5)
+  assert 'global_step' not in plan.restored
+
+
+def test_without_logits_only_all_extra_layers_are_left_out(checkpoint_21):
+  prefix, ckpt = checkpoint_21
+  plan, values = _init_5_classes(prefix, initialize_last_layer=False,
+                                 last_layers_contain_logits_only=False)
+  extra = sorted(n for n in values if n.startswith(EXTRA_SCOPES))
+  assert {n.split('/')[0] for n in extra} >= {
+      'logits', 'image_pooling', 'aspp0', 'concat_projection', 'decoder'}
+  assert sorted(plan.excluded) == extra
+  assert all(n.startswith('MobilenetV2/') for n in plan.restored)
+  assert len(plan.restored) == len(values) - len(extra)
+  for name in plan.restored:
+    np.testing.assert_array_equal(values[name], ckpt[name], err_msg=name)
+  # Left at their initial values, not the checkpoint's.
+  for name in extra:
+    if values[name].shape == ckpt[name].shape:
+      assert not np.array_equal(values[name], ckpt[name]), name
+
+
+def test_logits_of_another_class_count_are_skipped_with_a_hint(checkpoint_21):
+  prefix, ckpt = checkpoint_21
+  plan, values = _init_5_classes(prefix, initialize_last_layer=True)
+  assert plan.mismatched == [
+      ('logits/semantic/biases', (21,), (5,)),
+      ('logits/semantic/weights', (1, 1, 256, 21), (1, 1, 256, 5))]
+  text = '\n'.join(plan.summary_lines())
+  assert ('logits have 21 classes in the checkpoint, the model 5: pass '
+          '--initialize_last_layer=false') in text
+  assert '2 skipped with a shape mismatch' in text
+  assert len(plan.restored) == len(values) - 2
+  np.testing.assert_array_equal(values['aspp0/weights'], ckpt['aspp0/weights'])
+
+
+def _write_checkpoint(prefix, named_shapes):
+  with tf.Graph().as_default():
+    variables = [tf.get_variable(n, s) for n, s in named_shapes]
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      tf.train.Saver(variables).save(sess, prefix, write_meta_graph=False)
+
+
+def test_backbone_shape_mismatch_is_an_error(tmp_path):
+  prefix = str(tmp_path / 'other.ckpt')
+  _write_checkpoint(prefix, [('MobilenetV2/Conv/weights', [3, 3, 3, 32]),
+                             ('aspp0/weights', [1, 1, 80, 256])])
+  with tf.Graph().as_default():
+    variables = _model_variables(tt.tiny_model_options())
+    with pytest.raises(config.ConfigError, match=(
+        r'does not fit the model: 1 variables have another shape '
+        r'\(MobilenetV2/Conv/weights is \[3, 3, 3, 32\] in the checkpoint, '
+        r'\[3, 3, 3, 8\] in the model\)')):
+      checkpoint_init.make_init_plan(prefix, variables,
+                                     last_layer_scopes=EXTRA_SCOPES)
+
+
+def test_checkpoint_of_another_network_is_an_error(tmp_path):
+  prefix = str(tmp_path / 'resnet.ckpt')
+  _write_checkpoint(prefix, [('resnet_v1_50/conv1/weights', [7, 7, 3, 64])])
+  with tf.Graph().as_default():
+    variables = _model_variables(tt.tiny_model_options())
+    with pytest.raises(config.ConfigError,
+                       match='holds none of the model.s .* variables'):
+      checkpoint_init.make_init_plan(prefix, variables)
+
+
+def test_resolve_checkpoint_prefix_directory_and_missing(tmp_path,
+                                                         checkpoint_21):
+  prefix, _ = checkpoint_21
+  assert checkpoint_init.resolve_checkpoint(prefix) == prefix
+  assert checkpoint_init.resolve_checkpoint(os.path.dirname(prefix)) == prefix
+  with pytest.raises(config.ConfigError, match='no checkpoint there'):
+    checkpoint_init.resolve_checkpoint(str(tmp_path / 'nope.ckpt'))
+  with pytest.raises(config.ConfigError, match='directory without a checkpoint'):
+    checkpoint_init.resolve_checkpoint(str(tmp_path))

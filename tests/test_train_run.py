@@ -1,0 +1,201 @@
+"""The run loop with a toy model: NaN guard, stop reasons, resume, the lock,
+the JSON result; and the loss falling on sample images (slow)."""
+import json
+import os
+import socket
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from deeplab_train import config
+from deeplab_train.train import lock as lock_lib
+from deeplab_train.train import run as run_lib
+
+import train_testing as tt
+
+
+def _train(logdir, steps=4, input_fn=None, model_fn=None, options=None,
+           **run_flags):
+  images, labels = tt.synthetic_batch(2, 33)
+  train = options or config.TrainOptions(
+      train_batch_size=2, fine_tune_batch_norm=False, base_learning_rate=0.01,
+      training_number_of_steps=steps).validate()
+  run_flags.setdefault('save_interval_secs', 0)
+  run_flags.setdefault('save_summaries_secs', 0)
+  run_flags.setdefault('log_steps', 1)
+  runs = config.RunOptions(train_logdir=str(logdir), **run_flags).validate()
+  return run_lib.train(
+      tt.tiny_model_options(), train, runs, ignore_label=255,
+      input_fn=input_fn or tt.constant_input_fn(images, labels),
+      model_fn=model_fn or tt.toy_model_fn(), last_layer_scopes=['logits'],
+      handle_signals=False)
+
+
+def _nan_from_step(step):
+  """input_fn whose images turn NaN once the global step reaches `step`."""
+  images, labels = tt.synthetic_batch(2, 33)
+
+  def input_fn():
+    bad = tf.train.get_global_step() >= step
+    image = tf.where(bad, tf.fill(images.shape, np.nan), tf.constant(images))
+    return {'image': image, 'label': tf.constant(labels)}
+  return input_fn
+
+
+def _all_finite(prefix):
+  return all(np.all(np.isfinite(v)) for v in tt.read_checkpoint(prefix).values()
+             if np.issubdtype(np.asarray(v).dtype, np.floating))
+
+
+def test_nan_loss_stops_without_saving_the_nan_step(tmp_path):
+  result = _train(tmp_path, steps=50, input_fn=_nan_from_step(5),
+                  save_interval_steps=2)
+  assert result.status == 'non_finite_loss' and result.exit_code == 3
+  assert result.global_step == 6  # the update of step 5 -> 6 went bad
+  # Saved at 0, 2, 4; the periodic save due at 6 and the final save at end()
+  # were both skipped.
+  assert tt.checkpoint_steps(tmp_path) == [0, 2, 4]
+  assert result.checkpoint.endswith('model.ckpt-4')
+  assert _all_finite(result.checkpoint)
+
+
+def test_nan_weights_with_a_finite_loss_are_caught(tmp_path):
+  # From step 3 on, the logits' gradient is NaN while their value (and so
+  # the loss) stays finite: only the check of the updated weights sees it.
+  def poison(logits):
+    bad = tf.train.get_global_step() >= 3
+
+    @tf.custom_gradient
+    def nan_gradient(x):
+      def grad(dy):
+        return dy * tf.where(bad, np.float32(np.nan), np.float32(1.0))
+      return tf.identity(x), grad
+    return nan_gradient(logits)
+  result = _train(tmp_path, steps=50, model_fn=tt.toy_model_fn(extra=poison),
+                  save_interval_steps=2)
+  assert result.status == 'non_finite_loss'
+  assert result.global_step == 4 and np.isfinite(result.loss)
+  assert tt.checkpoint_steps(tmp_path) == [0, 2]
+  assert _all_finite(result.checkpoint)
+
+
+def test_finish_resume_nothing_to_do_and_num_steps_more(tmp_path):
+  first = _train(tmp_path, steps=3)
+  assert (first.status, first.stop_reason, first.global_step) == (
+      'ok', 'finished', 3)
+  assert first.checkpoint.endswith('model.ckpt-3') and first.loss > 0
+  saved = tt.read_checkpoint(first.checkpoint)
+  # What an exact resume needs: step, momentum slots, BN statistics.
+  assert saved['global_step'] == 3
+  assert any(n.endswith('/Momentum') for n in saved)
+  assert 'features/BatchNorm/moving_mean' in saved
+
+  again = _train(tmp_path, steps=3)
+  assert (again.status, again.stop_reason, again.global_step) == (
+      'ok', 'nothing_to_do', 3)
+  assert again.exit_code == 0
+
+  more = _train(tmp_path, steps=100, num_steps_more=2)
+  assert (more.stop_reason, more.global_step) == ('num_steps_more', 5)
+  assert tt.latest_step(tmp_path) == 5
+
+
+def test_time_budget_stops_with_a_checkpoint(tmp_path):
+  result = _train(tmp_path, steps=1000, max_run_seconds=1e-3)
+  assert (result.status, result.stop_reason) == ('ok', 'time_budget')
+  assert result.global_step >= 1
+  assert tt.latest_step(tmp_path) == result.global_step
+
+
+def test_summaries_hold_losses_learning_rate_histograms_and_images(tmp_path):
+  train = config.TrainOptions(
+      train_batch_size=2, fine_tune_batch_norm=False, base_learning_rate=0.01,
+      training_number_of_steps=2, save_summaries_images=True).validate()
+  result = _train(tmp_path, options=train, save_summaries_secs=1000)
+  assert result.status == 'ok'
+  tags = set()
+  for name in os.listdir(tmp_path):
+    if name.startswith('events.out.tfevents'):
+      for event in tf.train.summary_iterator(str(tmp_path / name)):
+        tags.update(v.tag for v in event.summary.value)
+  assert {'losses/total_loss', 'losses/data_loss',
+          'losses/regularization_loss', 'learning_rate',
+          'features/weights', 'logits/semantic/biases'} <= tags
+  assert any(t.startswith('samples/image') for t in tags)
+  assert any(t.startswith('samples/semantic') for t in tags)
+
+
+def test_lock_refuses_a_second_holder_and_names_the_pid(tmp_path):
+  with lock_lib.LogdirLock(str(tmp_path)):
+    with pytest.raises(lock_lib.LogdirLockedError,
+                       match='pid %d on host' % os.getpid()):
+      lock_lib.LogdirLock(str(tmp_path)).acquire()
+    result = _train(tmp_path)
+    assert result.status == 'locked' and result.exit_code == 75
+    assert 'pid %d' % os.getpid() in result.message
+  assert not os.path.exists(tmp_path / lock_lib.LOCK_FILENAME)
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
+  path = tmp_path / lock_lib.LOCK_FILENAME
+  path.write_text(json.dumps({'pid': 2**22 + 12345,
+                              'host': socket.gethostname()}))
+  with lock_lib.LogdirLock(str(tmp_path)):
+    holder = json.loads(path.read_text())
+    assert holder['pid'] == os.getpid()
+  assert 'stale lock' in caplog.text and str(2**22 + 12345) in caplog.text
+
+
+def test_result_json_is_written_atomically(tmp_path):
+  result = run_lib.RunResult('ok', 'finished', 7, 0.5, '/x/model.ckpt-7', 1.25)
+  path = tmp_path / 'out' / 'result.json'
+  run_lib.write_result_json(result, str(path))
+  assert json.loads(path.read_text()) == {
+      'event': 'result', 'status': 'ok', 'stop_reason': 'finished',
+      'global_step': 7, 'loss': 0.5, 'checkpoint': '/x/model.ckpt-7',
+      'seconds': 1.25, 'message': ''}
+  assert os.listdir(path.parent) == ['result.json']
+  # JSON has no NaN: a non-finite loss is reported as a string.
+  nan = run_lib.RunResult('non_finite_loss', 'non_finite_loss', 3,
+                          float('nan'))
+  assert json.loads(nan.to_json())['loss'] == 'nan'
+
+
+@pytest.mark.slow
+def test_loss_falls_when_overfitting_sample_images(tmp_path):
+  """The real model and input pipeline on four sample images."""
+  from deeplab_train.data import datasets  # pylint: disable=g-import-not-at-top
+  from deeplab_train.train import inputs  # pylint: disable=g-import-not-at-top
+  info = tt.make_tfrecords(tmp_path / 'records', count=2)
+  # Resize each image to fit the crop: every step sees the whole images.
+  preprocess = config.PreprocessOptions(
+      crop_size=(49, 49), min_resize_value=49, max_resize_value=49)
+  model = tt.tiny_model_options(crop=49)
+  train = config.TrainOptions(
+      train_batch_size=2, fine_tune_batch_norm=False,
+      base_learning_rate=0.02, training_number_of_steps=40).validate()
+  losses = []
+  runs = config.RunOptions(train_logdir=str(tmp_path / 'log'), log_steps=1,
+                           save_interval_secs=0,
+                           save_summaries_secs=0).validate()
+  from deeplab_train.train import hooks  # pylint: disable=g-import-not-at-top
+  original = hooks.ProgressHook._line
+
+  def spy(self, r, sec):
+    losses.append(self.loss)
+    return original(self, r, sec)
+  hooks.ProgressHook._line = spy
+  try:
+    result = run_lib.train(
+        model, train, runs, ignore_label=info.ignore_label,
+        input_fn=inputs.make_input_fn(
+            str(tmp_path / 'records'), 'train', datasets.load_dataset_info(
+                'shapes', str(tmp_path / 'records')),
+            preprocess, 2, (127.5, 127.5, 127.5), seed=1),
+        handle_signals=False)
+  finally:
+    hooks.ProgressHook._line = original
+  assert result.status == 'ok' and result.global_step == 40
+  assert len(losses) == 40
+  assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5]), losses

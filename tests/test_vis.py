@@ -1,0 +1,126 @@
+"""deeplab-vis: PNGs named after the images, at their size, in the palette."""
+import json
+import os
+
+import numpy as np
+from PIL import Image
+import pytest
+
+import eval_testing as et
+from deeplab_train import config
+from deeplab_train.cli import vis as vis_cli
+from deeplab_train.data import colormap
+from deeplab_train.evaluation import predictor as predictor_lib
+from deeplab_train.evaluation import vis
+
+
+@pytest.fixture(scope='module')
+def tiny(tmp_path_factory):
+  root = str(tmp_path_factory.mktemp('tiny_vis'))
+  data = et.write_tiny_dataset(root)
+  train = os.path.join(root, 'train')
+  return {'data': data, 'train': train,
+          'checkpoint': et.write_checkpoint(train, et.tiny_model_options())}
+
+
+def _predict(checkpoint, images):
+  with predictor_lib.Predictor(et.tiny_model_options(),
+                               config.InferenceOptions()) as predictor:
+    predictor.restore(checkpoint)
+    return predictor.predict([im.astype(np.float32) for im in images])
+
+
+def test_split_pngs_with_raw_and_overlay(tiny, tmp_path, capsys):
+  out = str(tmp_path / 'vis')
+  code = et.run_cli(vis_cli, ['--checkpoint_dir=' + tiny['train'],
+                              '--dataset_dir=' + tiny['data'],
+                              '--vis_logdir=' + out,
+                              '--also_save_raw_predictions', '--save_overlay'])
+  assert code == 0
+  line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert line['num_images'] == 4 and line['status'] == 'ok'
+  pairs = et.tiny_images()
+  want = _predict(tiny['checkpoint'], [image for _, image, _ in pairs])
+  pascal = colormap.get_colormap('pascal')  # the tiny dataset's palette
+  for (name, image, _), labels in zip(pairs, want):
+    h, w = image.shape[:2]
+    raw = et.read_png(os.path.join(out, vis.RAW_FOLDER, name + '.png'))
+    np.testing.assert_array_equal(raw, labels)
+    colored = et.read_png(os.path.join(out, vis.SEMANTIC_FOLDER,
+                                       name + '_prediction.png'))
+    assert colored.shape == (h, w, 3)
+    np.testing.assert_array_equal(colored, pascal[labels])
+    shown = et.read_png(os.path.join(out, vis.SEMANTIC_FOLDER,
+                                     name + '_image.png'))
+    np.testing.assert_array_equal(shown, image)
+    side = et.read_png(os.path.join(out, vis.OVERLAY_FOLDER,
+                                    name + '_overlay.png'))
+    assert side.shape == (h, 3 * w, 3)
+    np.testing.assert_array_equal(side[:, w:2 * w], colored)
+  # Atomic writes leave no temp files.
+  assert not [f for _, _, files in os.walk(out) for f in files
+              if f.startswith('.')]
+
+
+def test_image_dir_cityscapes_colours_and_limit(tiny, tmp_path, capsys):
+  photos = tmp_path / 'photos'
+  photos.mkdir()
+  pairs = et.tiny_images()
+  Image.fromarray(pairs[0][1]).save(photos / 'b_first.png')
+  Image.fromarray(pairs[1][1]).save(photos / 'a_second.jpg', quality=95)
+  Image.fromarray(pairs[2][1]).save(photos / 'c_third.png')
+  (photos / 'notes.txt').write_text('not an image')
+  out = str(tmp_path / 'vis')
+  # No --dataset_dir: the saved run config says what the model is.
+  code = et.run_cli(vis_cli, ['--checkpoint_dir=' + tiny['checkpoint'],
+                              '--image_dir=%s' % photos, '--vis_logdir=' + out,
+                              '--colormap_type=cityscapes',
+                              '--max_number_of_images=2'])
+  assert code == 0
+  written = sorted(os.listdir(os.path.join(out, vis.SEMANTIC_FOLDER)))
+  assert written == ['a_second_image.png', 'a_second_prediction.png',
+                     'b_first_image.png', 'b_first_prediction.png']
+  colored = et.read_png(os.path.join(out, vis.SEMANTIC_FOLDER,
+                                     'b_first_prediction.png'))
+  labels = _predict(tiny['checkpoint'], [pairs[0][1]])[0]
+  np.testing.assert_array_equal(colored,
+                                colormap.get_colormap('cityscapes')[labels])
+  capsys.readouterr()
+
+
+def test_image_dir_with_resize_keeps_input_size(tiny, tmp_path):
+  photos = tmp_path / 'big'
+  photos.mkdir()
+  image = np.random.RandomState(1).randint(0, 256, (70, 90, 3), np.uint8)
+  Image.fromarray(image).save(photos / 'big.png')
+  samples = list(vis.iterate_image_dir(
+      str(photos), config.PreprocessOptions(crop_size=None,
+                                            max_resize_value=41), None))
+  # floor(70 * 41 / 90) = 31: what the network sees.
+  assert samples[0]['image'].shape == (31, 41, 3)
+  with predictor_lib.Predictor(et.tiny_model_options(),
+                               config.InferenceOptions()) as predictor:
+    predictor.restore(tiny['checkpoint'])
+    vis.visualize(predictor, samples, str(tmp_path / 'out'), 'pascal',
+                  config.VisOptions(also_save_raw_predictions=True))
+  raw = et.read_png(str(tmp_path / 'out' / vis.RAW_FOLDER / 'big.png'))
+  assert raw.shape == (70, 90)
+
+
+def test_resize_nearest_matches_tensorflow():
+  import tensorflow.compat.v1 as tf
+  labels = np.random.RandomState(0).randint(0, 9, (7, 10)).astype(np.int32)
+  for size in ((3, 3), (13, 4), (7, 10), (20, 31)):
+    with tf.Graph().as_default(), tf.Session() as sess:
+      want = sess.run(tf.image.resize_nearest_neighbor(
+          labels[None, :, :, None], size, align_corners=True))[0, :, :, 0]
+    np.testing.assert_array_equal(vis.resize_nearest(labels, *size), want)
+  assert vis.output_stem('dir/x y.JPG') == 'x_y'
+
+
+def test_missing_image_dir_is_bad_input(tiny, tmp_path, capsys):
+  code = et.run_cli(vis_cli, ['--checkpoint_dir=' + tiny['train'],
+                              '--image_dir=%s/none' % tmp_path,
+                              '--vis_logdir=%s/out' % tmp_path])
+  assert code == 2
+  assert 'is not a folder' in capsys.readouterr().err
