@@ -16,7 +16,7 @@ import train_testing as tt
 
 
 def _train(logdir, steps=4, input_fn=None, model_fn=None, options=None,
-           **run_flags):
+           num_classes=tt.NUM_CLASSES, **run_flags):
   images, labels = tt.synthetic_batch(2, 33)
   train = options or config.TrainOptions(
       train_batch_size=2, fine_tune_batch_norm=False, base_learning_rate=0.01,
@@ -26,7 +26,7 @@ def _train(logdir, steps=4, input_fn=None, model_fn=None, options=None,
   run_flags.setdefault('log_steps', 1)
   runs = config.RunOptions(train_logdir=str(logdir), **run_flags).validate()
   return run_lib.train(
-      tt.tiny_model_options(), train, runs, ignore_label=255,
+      tt.tiny_model_options(num_classes), train, runs, ignore_label=255,
       input_fn=input_fn or tt.constant_input_fn(images, labels),
       model_fn=model_fn or tt.toy_model_fn(), last_layer_scopes=['logits'],
       handle_signals=False)
@@ -121,7 +121,8 @@ def test_summaries_hold_losses_learning_rate_histograms_and_images(tmp_path):
         tags.update(v.tag for v in event.summary.value)
   assert {'losses/total_loss', 'losses/data_loss',
           'losses/regularization_loss', 'learning_rate',
-          'features/weights', 'logits/semantic/biases'} <= tags
+          'variables/features/weights', 'variables/logits/semantic/biases',
+          'variables/features/BatchNorm/moving_mean'} <= tags
   assert any(t.startswith('samples/image') for t in tags)
   assert any(t.startswith('samples/semantic') for t in tags)
 
@@ -160,6 +161,23 @@ def test_result_json_is_written_atomically(tmp_path):
   nan = run_lib.RunResult('non_finite_loss', 'non_finite_loss', 3,
                           float('nan'))
   assert json.loads(nan.to_json())['loss'] == 'nan'
+
+
+def test_bad_labels_met_while_training_are_bad_input(tmp_path):
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from deeplab_train.train import inputs  # pylint: disable=g-import-not-at-top
+  info = tt.make_tfrecords(tmp_path / 'records', count=1)
+  # Records with ids up to 4 read as a 3-class dataset.
+  info = dataclasses.replace(info, num_classes=3)
+  preprocess = config.PreprocessOptions(crop_size=(33, 33))
+  result = _train(tmp_path / 'log', model_fn=tt.toy_model_fn(3), num_classes=3,
+                  input_fn=inputs.make_input_fn(
+                      str(tmp_path / 'records'), 'train', info, preprocess,
+                      2, (127.5, 127.5, 127.5)))
+  assert result.status == 'bad_input' and result.exit_code == 2
+  assert result.message.startswith('bad input data: label values outside '
+                                   '[0, 3)')
+  assert 'train_0000' in result.message
 
 
 @pytest.mark.slow

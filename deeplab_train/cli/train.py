@@ -71,8 +71,9 @@ flags.DEFINE_boolean('save_summaries_images', False,
                      'Save sample inputs, labels, and semantic predictions as '
                      'images to summary.')
 flags.DEFINE_string('profile_logdir', None,
-                    'Where Chrome traces of a step (every %d steps) are '
-                    'written.' % run_lib.PROFILE_STEPS)
+                    'Where Chrome traces (timeline-STEP.json) of one step in '
+                    'every %d are written, the first after %d steps.'
+                    % (run_lib.PROFILE_STEPS, run_lib.PROFILE_STEPS))
 flags.DEFINE_float('max_run_seconds', None,
                    'Stop (with a final checkpoint, exit 0) after this many '
                    'seconds of wall time.')

@@ -128,113 +128,132 @@ def build_training_graph(model_options, train_options, *, ignore_label,
     model_fn = deeplab_model_fn(model_options, train_options)
   if last_layer_scopes is None:
     last_layer_scopes = default_last_layer_scopes(train_options)
-  num_classes = model_options.num_classes
-  n = train_options.num_clones
   graph = tf.Graph()
   with graph.as_default():
     with tf.device(variables_device):
       global_step = tf.train.get_or_create_global_step()
-
     with tf.name_scope('input'), tf.device(input_device):
-      shares = _split_batch(input_fn(), n, train_options.train_batch_size)
-
-    loss_kwargs = dict(
-        label_weights=train_options.label_weights,
-        upsample_logits=train_options.upsample_logits,
-        top_k_percent_pixels=train_options.top_k_percent_pixels,
-        hard_example_mining_step=train_options.hard_example_mining_step,
-        global_step=global_step)
-
-    def tower_fn(i):
-      image = tf.identity(shares[i]['image'], name='image')
-      label = tf.identity(shares[i]['label'], name='label')
-      scales_to_logits = model_fn(image)
-      data_loss, per_scale = losses.scales_loss(
-          scales_to_logits, label, num_classes, ignore_label, **loss_kwargs)
-      merged = tf.identity(scales_to_logits['merged_logits'], name='semantic')
-      return data_loss, per_scale, {'image': image, 'label': label,
-                                    'logits': merged}
-
+      shares = _split_batch(input_fn(), train_options.num_clones,
+                            train_options.train_batch_size)
+    tower_fn = _tower_fn(shares, model_fn, model_options.num_classes,
+                         ignore_label, train_options, global_step)
     before = set(tf.global_variables())
     towers = towers_lib.build_towers(
-        tower_fn, towers_lib.tower_devices(n, train_options.clone_on_cpu,
-                                           device_pattern),
-        variables_device)
-    model_variables = [v for v in tf.global_variables() if v not in before]
-    trainable = [v for v in tf.trainable_variables() if v not in before]
-
-    with tf.name_scope('train') as train_scope:
-      reg_losses = towers[0].regularization_losses
-      regularization_loss = (tf.add_n(reg_losses, name='regularization_loss')
-                             if reg_losses else None)
-      data_loss = tf.add_n([t.data_loss for t in towers]) / float(n)
-      data_loss = tf.identity(data_loss, name='data_loss')
-      total_loss = (data_loss if regularization_loss is None
-                    else data_loss + regularization_loss)
-      total_loss = tf.identity(total_loss, name='total_loss')
-      learning_rate = lr_lib.learning_rate(global_step, train_options)
-
-    grads_and_vars = towers_lib.averaged_gradients(
-        towers, trainable, regularization_loss, average_device=input_device)
-
-    with tf.name_scope(train_scope), tf.device(input_device):
-      grads_and_vars = towers_lib.multiply_gradients(
-          grads_and_vars, scopes.gradient_multipliers(
-              trainable, last_layer_scopes,
-              train_options.last_layer_gradient_multiplier))
-      optimizer = tf.train.MomentumOptimizer(learning_rate,
-                                             train_options.momentum)
-      apply_op = optimizer.apply_gradients(grads_and_vars,
-                                           global_step=global_step)
-      # BN moving averages are updated from tower 0's batch, as the original.
-      train_op = tf.group(apply_op, *_as_ops(towers[0].update_ops),
-                          name='train_op')
-      with tf.control_dependencies([train_op]):
-        step_after = tf.identity(global_step.read_value(), name='step_after')
-        all_finite = tf.logical_and(
-            tf.math.is_finite(total_loss),
-            hooks.weights_are_finite(model_variables), name='all_finite')
-
-    # No name scope here: it would prefix every TensorBoard tag.
-    summaries = [tf.summary.scalar('losses/total_loss', total_loss),
-                 tf.summary.scalar('losses/data_loss', data_loss),
-                 tf.summary.scalar('learning_rate', learning_rate)]
-    if regularization_loss is not None:
-      summaries.append(tf.summary.scalar('losses/regularization_loss',
-                                         regularization_loss))
-    for scale, loss in sorted(towers[0].losses.items()):
-      summaries.append(tf.summary.scalar('losses/tower_0/%s' % scale, loss))
-    summaries += [tf.summary.histogram(v.op.name, v)
-                  for v in model_variables]
-    if train_options.save_summaries_images:
-      summaries += _image_summaries(towers[0], num_classes)
-    summary_op = tf.summary.merge(summaries)
-
+        tower_fn, towers_lib.tower_devices(
+            train_options.num_clones, train_options.clone_on_cpu,
+            device_pattern), variables_device)
+    g = {'graph': graph, 'global_step': global_step, 'towers': towers,
+         'model_variables': [v for v in tf.global_variables()
+                             if v not in before],
+         'trainable_variables': [v for v in tf.trainable_variables()
+                                 if v not in before],
+         'last_layer_scopes': last_layer_scopes,
+         'batch_size': train_options.train_batch_size}
+    _add_train_op(g, train_options, input_device)
+    g['summary_op'] = _summary_op(g, train_options.save_summaries_images,
+                                  model_options.num_classes)
     # Everything needed to resume exactly: global step, momentum slots,
     # batch-norm moving statistics.
-    saver = tf.train.Saver(max_to_keep=keep_checkpoint_max,
-                           save_relative_paths=True)
-    init_plan = None
-    if init_checkpoint:
-      exclude = ([] if train_options.initialize_last_layer
-                 else last_layer_scopes)
-      init_plan = checkpoint_init.make_init_plan(
-          init_checkpoint, model_variables, exclude_scopes=exclude,
-          last_layer_scopes=last_layer_scopes)
-      for line in init_plan.summary_lines():
-        (logging.warning if init_plan.mismatched else logging.info)(line)
-    scaffold = tf.train.Scaffold(
-        init_fn=init_plan.init_fn if init_plan else None,
-        saver=saver, summary_op=summary_op)
+    g['saver'] = tf.train.Saver(max_to_keep=keep_checkpoint_max,
+                                save_relative_paths=True)
+    g['init_plan'] = _init_plan(init_checkpoint, g['model_variables'],
+                                train_options, last_layer_scopes)
+    g['scaffold'] = tf.train.Scaffold(
+        init_fn=g['init_plan'].init_fn if g['init_plan'] else None,
+        saver=g['saver'], summary_op=g['summary_op'])
+  return g
 
-  return {
-      'graph': graph, 'global_step': global_step, 'step_after': step_after,
-      'total_loss': total_loss, 'data_loss': data_loss,
-      'regularization_loss': regularization_loss,
-      'learning_rate': learning_rate, 'train_op': train_op,
-      'all_finite': all_finite, 'summary_op': summary_op, 'saver': saver,
-      'scaffold': scaffold, 'init_plan': init_plan, 'towers': towers,
-      'model_variables': model_variables, 'trainable_variables': trainable,
-      'grads_and_vars': grads_and_vars, 'last_layer_scopes': last_layer_scopes,
-      'batch_size': train_options.train_batch_size,
-  }
+
+def _tower_fn(shares, model_fn, num_classes, ignore_label, train_options,
+              global_step):
+  """fn(i) building tower i's network and loss on its share of the batch."""
+  loss_kwargs = dict(
+      label_weights=train_options.label_weights,
+      upsample_logits=train_options.upsample_logits,
+      top_k_percent_pixels=train_options.top_k_percent_pixels,
+      hard_example_mining_step=train_options.hard_example_mining_step,
+      global_step=global_step)
+
+  def tower_fn(i):
+    image = tf.identity(shares[i]['image'], name='image')
+    label = tf.identity(shares[i]['label'], name='label')
+    scales_to_logits = model_fn(image)
+    data_loss, per_scale = losses.scales_loss(
+        scales_to_logits, label, num_classes, ignore_label, **loss_kwargs)
+    merged = tf.identity(scales_to_logits['merged_logits'], name='semantic')
+    return data_loss, per_scale, {'image': image, 'label': label,
+                                  'logits': merged}
+  return tower_fn
+
+
+def _add_train_op(g, train_options, cpu):
+  """Losses, averaged and multiplied gradients, the momentum update."""
+  towers, trainable = g['towers'], g['trainable_variables']
+  with tf.name_scope('train') as train_scope:
+    reg_losses = towers[0].regularization_losses
+    g['regularization_loss'] = (
+        tf.add_n(reg_losses, name='regularization_loss') if reg_losses
+        else None)
+    data_loss = tf.add_n([t.data_loss for t in towers]) / float(len(towers))
+    g['data_loss'] = tf.identity(data_loss, name='data_loss')
+    total_loss = g['data_loss']
+    if g['regularization_loss'] is not None:
+      total_loss += g['regularization_loss']
+    g['total_loss'] = tf.identity(total_loss, name='total_loss')
+    g['learning_rate'] = lr_lib.learning_rate(g['global_step'],
+                                              train_options)
+  grads_and_vars = towers_lib.averaged_gradients(
+      towers, trainable, g['regularization_loss'], average_device=cpu)
+  with tf.name_scope(train_scope), tf.device(cpu):
+    g['grads_and_vars'] = towers_lib.multiply_gradients(
+        grads_and_vars, scopes.gradient_multipliers(
+            trainable, g['last_layer_scopes'],
+            train_options.last_layer_gradient_multiplier))
+    optimizer = tf.train.MomentumOptimizer(g['learning_rate'],
+                                           train_options.momentum)
+    apply_op = optimizer.apply_gradients(g['grads_and_vars'],
+                                         global_step=g['global_step'])
+    # BN moving averages are updated from tower 0's batch, as the original.
+    g['train_op'] = tf.group(apply_op, *_as_ops(towers[0].update_ops),
+                             name='train_op')
+    with tf.control_dependencies([g['train_op']]):
+      g['step_after'] = tf.identity(g['global_step'].read_value(),
+                                    name='step_after')
+      g['all_finite'] = tf.logical_and(
+          tf.math.is_finite(g['total_loss']),
+          hooks.weights_are_finite(g['model_variables']), name='all_finite')
+
+
+def _summary_op(g, with_images, num_classes):
+  """Losses, learning rate, variable histograms (and sample images)."""
+  # No name scope here: it would prefix every TensorBoard tag.
+  summaries = [tf.summary.scalar('losses/total_loss', g['total_loss']),
+               tf.summary.scalar('losses/data_loss', g['data_loss']),
+               tf.summary.scalar('learning_rate', g['learning_rate'])]
+  if g['regularization_loss'] is not None:
+    summaries.append(tf.summary.scalar('losses/regularization_loss',
+                                       g['regularization_loss']))
+  tower0 = g['towers'][0]
+  for scale, loss in sorted(tower0.losses.items()):
+    summaries.append(tf.summary.scalar('losses/tower_0/%s' % scale, loss))
+  # Under 'variables/': a tag equal to a variable's op name would get
+  # uniquified to 'name_1'.
+  summaries += [tf.summary.histogram('variables/' + v.op.name, v)
+                for v in g['model_variables']]
+  if with_images:
+    summaries += _image_summaries(tower0, num_classes)
+  return tf.summary.merge(summaries)
+
+
+def _init_plan(init_checkpoint, model_variables, train_options,
+               last_layer_scopes):
+  """The restore from --tf_initial_checkpoint (None without one), logged."""
+  if not init_checkpoint:
+    return None
+  exclude = [] if train_options.initialize_last_layer else last_layer_scopes
+  plan = checkpoint_init.make_init_plan(
+      init_checkpoint, model_variables, exclude_scopes=exclude,
+      last_layer_scopes=last_layer_scopes)
+  for line in plan.summary_lines():
+    (logging.warning if plan.mismatched else logging.info)(line)
+  return plan

@@ -1,0 +1,382 @@
+"""Speed options: session config (threads, XLA, mixed precision), bf16 / XLA
+training steps on CPU, fp16 loss scaling, and the deeplab-bench command."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from deeplab_train import bench
+from deeplab_train import config
+from deeplab_train.model import deeplab
+from deeplab_train.train import graph as graph_lib
+from deeplab_train.train import loss_scale as loss_scale_lib
+from deeplab_train.train import session_config as session_lib
+
+NUM_CLASSES = 3
+CROP = 33
+BATCH = 2
+
+
+def _cpu_has_bf16():
+  try:
+    with open('/proc/cpuinfo') as f:
+      text = f.read()
+  except OSError:
+    return False
+  return 'avx512_bf16' in text or 'amx_bf16' in text
+
+
+def _model_options():
+  return config.ModelOptions(
+      num_classes=NUM_CLASSES, model_variant='mobilenet_v2',
+      crop_size=(CROP, CROP), output_stride=16,
+      depth_multiplier=0.25).validate()
+
+
+def _train_options(**changes):
+  options = config.TrainOptions(
+      train_batch_size=BATCH, base_learning_rate=0.1,
+      training_number_of_steps=1000, fine_tune_batch_norm=False)
+  return options.replace(**changes).validate()
+
+
+def _fixed_batch_input_fn(seed=0):
+  """The same learnable batch every step: the label is the image's
+  brightest channel, in 16x16 tiles (the features are at stride 16)."""
+  rng = np.random.RandomState(seed)
+  tiles = rng.randint(0, NUM_CLASSES, (BATCH, CROP // 16 + 1, CROP // 16 + 1))
+  labels = np.kron(tiles, np.ones((1, 16, 16), np.int64))[:, :CROP, :CROP]
+  images = rng.uniform(0, 60, (BATCH, CROP, CROP, 3))
+  for c in range(NUM_CLASSES):
+    images[..., c] += 180 * (labels == c)
+  images = images.astype(np.float32)
+  labels = labels[..., None].astype(np.int32)
+
+  def input_fn():
+    return {'image': tf.constant(images), 'label': tf.constant(labels)}
+  return input_fn
+
+
+def _build(**train_changes):
+  return graph_lib.build_training_graph(
+      _model_options(), _train_options(**train_changes), ignore_label=255,
+      input_fn=_fixed_batch_input_fn())
+
+
+def _train_losses(g, session_config, steps, after=None):
+  """Losses of `steps` steps; then after(sess) if given."""
+  with g['graph'].as_default():
+    init = [tf.global_variables_initializer(),
+            tf.local_variables_initializer()]
+  with tf.Session(graph=g['graph'], config=session_config) as sess:
+    sess.run(init)
+    losses = [sess.run([g['train_op'], g['total_loss']])[1]
+              for _ in range(steps)]
+    if after is not None:
+      after(sess)
+  return losses
+
+
+def _partition_dtypes(g, session_config):
+  """{(op type, dtype name)} of the graph as rewritten by grappler."""
+  with g['graph'].as_default():
+    init = tf.global_variables_initializer()
+  with tf.Session(graph=g['graph'], config=session_config) as sess:
+    sess.run(init)
+    metadata = tf.RunMetadata()
+    sess.run(g['train_op'],
+             options=tf.RunOptions(output_partition_graphs=True),
+             run_metadata=metadata)
+  found = set()
+  for partition in metadata.partition_graphs:
+    for node in partition.node:
+      if 'T' in node.attr:
+        found.add((node.op, tf.as_dtype(node.attr['T'].type).name))
+  return found
+
+
+# ---------------------------------------------------------------------------
+# Session config.
+# ---------------------------------------------------------------------------
+def test_session_config_defaults_use_every_core():
+  cfg = session_lib.make_session_config()
+  cores = session_lib.usable_cores()
+  assert cfg.intra_op_parallelism_threads == cores
+  assert cfg.inter_op_parallelism_threads == cores
+  assert cfg.allow_soft_placement
+  rewrite = cfg.graph_options.rewrite_options
+  assert rewrite.auto_mixed_precision_onednn_bfloat16 == 0  # DEFAULT (off)
+  assert rewrite.auto_mixed_precision == 0
+  assert cfg.graph_options.optimizer_options.global_jit_level == 0
+
+
+def test_session_config_settings():
+  on = 1  # RewriterConfig.ON
+  bf16 = session_lib.make_session_config('bf16', intra_op_threads=3,
+                                         inter_op_threads=0)
+  assert bf16.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 == on
+  assert bf16.intra_op_parallelism_threads == 3
+  assert bf16.inter_op_parallelism_threads == 0
+  fp16 = session_lib.make_session_config('fp16')
+  assert fp16.graph_options.rewrite_options.auto_mixed_precision == on
+  assert fp16.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 != on
+  xla = session_lib.make_session_config(use_xla=True, cpu_devices=2)
+  jit = xla.graph_options.optimizer_options
+  assert jit.global_jit_level == tf.OptimizerOptions.ON_1
+  assert jit.cpu_global_jit
+  assert xla.device_count['CPU'] == 2
+
+
+def test_session_config_rejects_bad_values():
+  with pytest.raises(ValueError, match='--mixed_precision'):
+    session_lib.make_session_config('fp8')
+  with pytest.raises(ValueError, match='thread'):
+    session_lib.make_session_config(intra_op_threads=-1)
+
+
+# ---------------------------------------------------------------------------
+# bf16 and XLA training on CPU.
+# ---------------------------------------------------------------------------
+def test_bf16_rewrite_keeps_loss_fp32_and_loss_falls():
+  g = _build()
+  config_bf16 = session_lib.make_session_config('bf16')
+  if _cpu_has_bf16():
+    dtypes = _partition_dtypes(g, config_bf16)
+    conv_dtypes = {d for op, d in dtypes if 'Conv2D' in op}
+    assert 'bfloat16' in conv_dtypes, dtypes
+    softmax = {d for op, d in dtypes if 'SoftmaxCrossEntropy' in op}
+    assert softmax == {'float32'}, dtypes
+  losses = _train_losses(g, config_bf16, 8)
+  assert all(np.isfinite(losses))
+  assert losses[-1] < 0.95 * losses[0], losses
+
+
+def test_xla_training_step_loss_falls():
+  g = _build()
+  losses = _train_losses(g, session_lib.make_session_config(use_xla=True), 6)
+  assert all(np.isfinite(losses))
+  assert losses[-1] < 0.95 * losses[0], losses
+
+
+def test_bf16_checkpoint_loads_into_fp32_eval_graph(tmp_path):
+  g = _build()
+  prefix = str(tmp_path / 'model.ckpt')
+  _train_losses(g, session_lib.make_session_config('bf16'), 2,
+                after=lambda sess: g['saver'].save(sess, prefix))
+  dtypes = tf.train.load_checkpoint(prefix).get_variable_to_dtype_map()
+  model_names = {v.op.name for v in g['model_variables']}
+  assert model_names <= set(dtypes)
+  assert {dtypes[n] for n in model_names} == {tf.float32}
+
+  with tf.Graph().as_default():
+    images = tf.constant(np.full((1, CROP, CROP, 3), 128.0, np.float32))
+    labels = deeplab.predict_labels(images, _model_options())['semantic']
+    restored = tf.global_variables()
+    assert {v.op.name for v in restored} <= set(dtypes)
+    saver = tf.train.Saver(restored)
+    with tf.Session() as sess:
+      saver.restore(sess, prefix)
+      out = sess.run(labels)
+  assert out.shape == (1, CROP, CROP)
+
+
+# ---------------------------------------------------------------------------
+# fp16 dynamic loss scaling.
+# ---------------------------------------------------------------------------
+def _loss_scale_graph(initial_scale=8.0, increment_period=2):
+  graph = tf.Graph()
+  with graph.as_default():
+    step = tf.train.get_or_create_global_step()
+    w = tf.get_variable('w', initializer=[1.0, 2.0])
+    poison = tf.placeholder_with_default(False, [])
+    scale = loss_scale_lib.DynamicLossScale(initial_scale, increment_period)
+    grad = tf.gradients(scale.scale_loss(tf.reduce_sum(w * w)), [w])[0]
+    grad = tf.where(poison, grad * np.inf, grad)
+    scaled_grad = grad
+    grads_and_vars = scale.unscale([(grad, w)])
+    train_op = scale.apply_gradients(tf.train.MomentumOptimizer(0.1, 0.9),
+                                     grads_and_vars, step)
+    init = [tf.global_variables_initializer(),
+            tf.local_variables_initializer()]
+  return locals()
+
+
+def test_loss_scale_unscales_gradients():
+  t = _loss_scale_graph(initial_scale=8.0)
+  with tf.Session(graph=t['graph']) as sess:
+    sess.run(t['init'])
+    scaled, unscaled = sess.run([t['scaled_grad'],
+                                 t['grads_and_vars'][0][0]])
+  np.testing.assert_allclose(scaled, 8.0 * np.array([2.0, 4.0]))
+  np.testing.assert_allclose(unscaled, [2.0, 4.0])
+
+
+def test_loss_scale_skips_non_finite_step_and_halves_scale():
+  t = _loss_scale_graph(initial_scale=8.0, increment_period=2)
+  state = lambda sess: sess.run([t['w'], t['step'], t['scale'].scale,
+                                 t['scale'].good_steps])
+  with tf.Session(graph=t['graph']) as sess:
+    sess.run(t['init'])
+    sess.run(t['train_op'])
+    w1, step1, scale1, good1 = state(sess)
+    assert (step1, scale1, good1) == (1, 8.0, 1)
+    # A non-finite gradient: no update (weights, momentum, step), scale / 2.
+    momentum = t['graph'].get_tensor_by_name('w/Momentum:0')
+    m1 = sess.run(momentum)
+    sess.run(t['train_op'], {t['poison']: True})
+    w2, step2, scale2, good2 = state(sess)
+    np.testing.assert_array_equal(w2, w1)
+    np.testing.assert_array_equal(sess.run(momentum), m1)
+    assert (step2, scale2, good2) == (1, 4.0, 0)
+    # Two finite steps in a row (the period): applied, then the scale grows.
+    sess.run(t['train_op'])
+    assert state(sess)[1:] == [2, 4.0, 1]
+    sess.run(t['train_op'])
+    assert state(sess)[1:] == [3, 8.0, 0]
+
+
+def test_loss_scale_never_below_minimum():
+  t = _loss_scale_graph(initial_scale=2.0)
+  with tf.Session(graph=t['graph']) as sess:
+    sess.run(t['init'])
+    for _ in range(3):
+      sess.run(t['train_op'], {t['poison']: True})
+    assert sess.run(t['scale'].scale) == 1.0
+    assert sess.run(t['step']) == 0
+
+
+def test_loss_scale_variables_are_not_checkpointed():
+  t = _loss_scale_graph()
+  with t['graph'].as_default():
+    saved = {v.op.name for v in tf.global_variables()}
+  assert not any('loss_scale' in name for name in saved), saved
+  with pytest.raises(ValueError, match='loss scale'):
+    with tf.Graph().as_default():
+      loss_scale_lib.DynamicLossScale(initial_scale=0.5)
+
+
+# ---------------------------------------------------------------------------
+# Benchmark pieces and the command.
+# ---------------------------------------------------------------------------
+def test_flop_count_includes_depthwise_gradients():
+  with tf.Graph().as_default() as graph:
+    x = tf.zeros([1, 8, 8, 4])
+    w = tf.get_variable('w', [3, 3, 4, 1])
+    y = tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], 'SAME')
+    tf.gradients(tf.reduce_sum(y), [x, w])
+  # Forward 2*8*8*4*9 = 4608; each gradient costs the same.
+  assert bench.depthwise_gradient_flops(graph) == 2 * 4608
+  assert bench.graph_flops(graph) >= 3 * 4608
+
+
+def test_input_wait_reads_iterator_time():
+  metadata = tf.RunMetadata()
+  device = metadata.step_stats.dev_stats.add()
+  device.node_stats.add(node_name='input/IteratorGetNext',
+                        all_end_rel_micros=1500)
+  device.node_stats.add(node_name='tower_0/conv', all_end_rel_micros=9000)
+  assert bench.input_wait_seconds(metadata) == pytest.approx(0.0015)
+
+
+def test_synthetic_dataset_feeds_the_pipeline(tmp_path):
+  from deeplab_train.data import pipeline  # pylint: disable=g-import-not-at-top
+  info = bench.write_synthetic_dataset(str(tmp_path), num_images=4,
+                                       num_shards=2)
+  rate = bench.input_pipeline_rate(
+      lambda: pipeline.make_dataset(
+          str(tmp_path), 'train', info,
+          config.PreprocessOptions(crop_size=(CROP, CROP)), 2,
+          is_training=True), 2, batches=2, warmup_batches=1)
+  assert rate > 0
+
+
+def _run_bench(args, tmp_path):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  cmd = [sys.executable, '-m', 'deeplab_train.cli.bench',
+         '--model_variant=mobilenet_v2', '--depth_multiplier=0.25',
+         '--train_crop_size=%d,%d' % (CROP, CROP), '--train_batch_size=2',
+         '--bench_synthetic_images=4', '--bench_steps=2',
+         '--bench_warmup_steps=1', '--bench_trace_steps=1',
+         '--bench_input_batches=2', '--bench_matmul_size=128',
+         '--bench_json=%s' % (tmp_path / 'bench.json')] + args
+  return subprocess.run(cmd, capture_output=True, text=True, env=env,
+                        timeout=300, check=False)
+
+
+def test_bench_command_prints_table_and_json(tmp_path):
+  proc = _run_bench(['--mixed_precision=bf16'], tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = [json.loads(l) for l in proc.stdout.splitlines()
+           if l.startswith('{')]
+  assert len(lines) == 1
+  result = lines[0]
+  assert set(result) == set(bench.RESULT_FIELDS)
+  assert result['mixed_precision'] == 'bf16'
+  assert result['crop_size'] == [CROP, CROP]
+  for key in ('train_images_per_sec', 'input_images_per_sec',
+              'gflop_per_step', 'achieved_gflops', 'peak_gflops',
+              'peak_fraction', 'peak_rss_gib', 'cores_used'):
+    assert result[key] > 0, key
+  assert 0 <= result['input_wait_fraction'] <= 1
+  assert np.isfinite(result['last_loss'])
+  assert 'share of fp32 peak' in proc.stdout
+  written = (tmp_path / 'bench.json').read_text().splitlines()
+  assert [json.loads(l) for l in written] == lines
+
+
+def _fake_result(mode, xla, images_per_sec):
+  result = dict.fromkeys(bench.RESULT_FIELDS, 1.0)
+  result.update(model_variant='mobilenet_v2', output_stride=8,
+                crop_size=[321, 321], batch_size=4, num_clones=1,
+                fine_tune_batch_norm=True, data='synthetic',
+                mixed_precision=mode, use_xla=xla,
+                train_images_per_sec=images_per_sec, load_average=[0.5, 0.6])
+  return result
+
+
+def test_bench_variants_run_in_child_processes(monkeypatch):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
+  from deeplab_train.cli import bench as bench_cli  # pylint: disable=g-import-not-at-top
+  commands = []
+
+  def fake_run(argv, **unused_kwargs):
+    commands.append(argv)
+    mode = [a for a in argv if a.startswith('--mixed_precision=')][0]
+    mode = mode.split('=')[1]
+    result = _fake_result(mode, '--use_xla' in argv, 4.0 if mode == 'none'
+                          else 8.0)
+    return subprocess.CompletedProcess(
+        argv, 0, 'noise\nBENCH_RESULT %s\n' % json.dumps(result), '')
+
+  monkeypatch.setattr(bench_cli.subprocess, 'run', fake_run)
+  with flagsaver.flagsaver():
+    flags.FLAGS(['deeplab-bench', '--output_stride=8', '--atrous_rates=6',
+                 '--atrous_rates=12', '--bench_variants=none,bf16+xla'])
+    results = bench_cli.run_variants(flags.FLAGS.bench_variants)
+  assert [(r['mixed_precision'], r['use_xla']) for r in results] == [
+      ('none', False), ('bf16', True)]
+  first, second = commands
+  assert '--output_stride=8' in first and '--bench_child' in first
+  assert first.count('--atrous_rates=6') == 1
+  assert '--atrous_rates=12' in first
+  assert not any(a.startswith('--bench_variants') for a in first)
+  assert '--mixed_precision=none' in first and '--nouse_xla' in first
+  assert '--mixed_precision=bf16' in second and '--use_xla' in second
+  table = bench.format_table(results)
+  assert 'bf16+xla' in table and '2.00x' in table
+
+
+def test_bench_variant_names():
+  from deeplab_train.cli import bench as bench_cli  # pylint: disable=g-import-not-at-top
+  assert bench_cli.parse_variant('none') == ('none', False)
+  assert bench_cli.parse_variant('fp32+xla') == ('none', True)
+  assert bench_cli.parse_variant('bf16+xla') == ('bf16', True)
+  assert bench_cli.parse_variant('xla') == ('none', True)
+  for bad in ('fp8', 'bf16+fp16', 'xla+xla'):
+    with pytest.raises(config.ConfigError, match='bench_variants'):
+      bench_cli.parse_variant(bad)
