@@ -95,7 +95,8 @@ def test_unknown_flag_exits_2(capsys):
     train_cli._parse_flags(['deeplab-train', '--train_bach_size=4'])
   FLAGS.unparse_flags()
   assert exit_info.value.code == 2
-  assert "Unknown command line flag 'train_bach_size'" in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert "Unknown command line flag 'train_bach_size'" in err
 
 
 def test_small_batch_with_batch_norm_training_warns():

@@ -155,5 +155,6 @@ def test_resolve_checkpoint_prefix_directory_and_missing(tmp_path,
   assert checkpoint_init.resolve_checkpoint(os.path.dirname(prefix)) == prefix
   with pytest.raises(config.ConfigError, match='no checkpoint there'):
     checkpoint_init.resolve_checkpoint(str(tmp_path / 'nope.ckpt'))
-  with pytest.raises(config.ConfigError, match='directory without a checkpoint'):
+  with pytest.raises(config.ConfigError,
+                     match='directory without a checkpoint'):
     checkpoint_init.resolve_checkpoint(str(tmp_path))

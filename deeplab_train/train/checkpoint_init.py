@@ -69,6 +69,7 @@ class InitPlan:
   mismatched: List[Tuple[str, Tuple[int, ...], Tuple[int, ...]]]
   hints: List[str]
   saver: Optional[tf.train.Saver] = None
+  unused: int = 0  # checkpoint variables the model does not have
 
   def init_fn(self, unused_scaffold, session):
     """Restores the planned variables (Scaffold's init_fn signature)."""
@@ -81,9 +82,9 @@ class InitPlan:
     """Human-readable lines: counts, examples, hints."""
     lines = ['Initial checkpoint %s: %d variables to restore, %d excluded '
              '(last layers), %d skipped missing from the checkpoint, %d '
-             'skipped with a shape mismatch'
+             'skipped with a shape mismatch (%d checkpoint variables unused)'
              % (self.checkpoint, len(self.restored), len(self.excluded),
-                len(self.missing), len(self.mismatched))]
+                len(self.missing), len(self.mismatched), self.unused)]
     if self.excluded:
       lines.append('  excluded: %s' % _examples(self.excluded))
     if self.missing:
@@ -178,5 +179,8 @@ def make_init_plan(checkpoint, variables, exclude_scopes=(),
   with tf.name_scope('initialization'):
     saver = tf.train.Saver(var_list=restored, name='init_saver',
                            allow_empty=False)
+  model_names = {scopes.variable_name(v) for v in variables}
+  unused = len([n for n in ckpt_shapes
+                if n not in model_names and n != 'global_step'])
   return InitPlan(checkpoint, sorted(restored), sorted(excluded),
-                  sorted(missing), sorted(mismatched), hints, saver)
+                  sorted(missing), sorted(mismatched), hints, saver, unused)

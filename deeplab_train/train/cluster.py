@@ -243,7 +243,7 @@ def parse_tf_config(text):
     raise ConfigError('%s task index %d is out of range: the cluster has %d '
                       '"%s" task(s) (indices 0..%d)'
                       % (TF_CONFIG, index, sizes[task_type], task_type,
-                         task_type, sizes[task_type] - 1))
+                         sizes[task_type] - 1))
   if task_type in _CHIEF_TYPES:
     return ps, workers, JOB_WORKER, 0
   if task_type == JOB_WORKER:

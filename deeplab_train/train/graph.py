@@ -39,6 +39,7 @@ def deeplab_model_fn(model_options, train_options):
   from deeplab_train.model import deeplab  # pylint: disable=g-import-not-at-top
   weight_decay = effective_weight_decay(train_options,
                                         model_options.model_variant)
+  logging.info('Weight decay %g', weight_decay)
 
   def model_fn(images):
     outputs = deeplab.multi_scale_logits(

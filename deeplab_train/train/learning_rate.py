@@ -5,7 +5,8 @@ All schedules count from the end of the slow start: with
 slow_start_step`,
 
   poly:   base * (1 - min(s, T) / T) ** learning_power
-  step:   base * learning_rate_decay_factor ** floor(s / learning_rate_decay_step)
+  step:   base * learning_rate_decay_factor
+            ** floor(s / learning_rate_decay_step)
   cosine: base * 0.5 * (1 + cos(pi * min(s, T) / T))
 
 and before `slow_start_step` the rate is `slow_start_learning_rate`. Because

@@ -138,7 +138,7 @@ def train(model_options, train_options, run_options, *, ignore_label,
 
 
 def _starting_point(train_options, run_options):
-  """(latest logdir checkpoint or None, its step, initial checkpoint or None)."""
+  """(latest logdir checkpoint or None, its step, init checkpoint or None)."""
   logdir = run_options.train_logdir
   latest = tf.train.latest_checkpoint(logdir)
   step = checkpoint_step(latest) if latest else 0
