@@ -254,6 +254,7 @@ def load_run_config(logdir_or_file):
 # Training (owner: train/). Added by the trainer.
 # ---------------------------------------------------------------------------
 LEARNING_POLICIES = ('poly', 'step', 'cosine')
+MIXED_PRECISION_MODES = ('none', 'bf16', 'fp16')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,6 +293,13 @@ class TrainOptions(_JsonMixin):
   initialize_last_layer: bool = True
   # Summaries built into the graph.
   save_summaries_images: bool = False
+  # Speed (see train/session_config.py): 'none', 'bf16' (CPU) or 'fp16'
+  # (GPU, with dynamic loss scaling); XLA auto-clustering; thread pools
+  # (None: every usable core, 0: TensorFlow's choice).
+  mixed_precision: str = 'none'
+  use_xla: bool = False
+  intra_op_parallelism_threads: Optional[int] = None
+  inter_op_parallelism_threads: Optional[int] = None
 
   def __post_init__(self):
     set_ = lambda k, v: object.__setattr__(self, k, v)
@@ -336,6 +344,14 @@ class TrainOptions(_JsonMixin):
          % (self.slow_start_step, self.training_number_of_steps))
     need(self.learning_rate_decay_step >= 1,
          '--learning_rate_decay_step must be >= 1')
+    need(self.mixed_precision in MIXED_PRECISION_MODES,
+         '--mixed_precision must be one of %s, got %r'
+         % ('/'.join(MIXED_PRECISION_MODES), self.mixed_precision))
+    for name in ('intra_op_parallelism_threads',
+                 'inter_op_parallelism_threads'):
+      need((getattr(self, name) or 0) >= 0,
+           '--%s must be >= 0 (0: TensorFlow decides; unset: every core)'
+           % name)
     need(self.last_layer_gradient_multiplier >= 0,
          '--last_layer_gradient_multiplier must be >= 0')
     if self.label_weights is not None:

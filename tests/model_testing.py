@@ -14,7 +14,6 @@ from deeplab_train.config import ModelOptions
 from deeplab_train.model import deeplab
 from deeplab_train.model import layers
 
-tf.disable_v2_behavior()
 
 MANIFEST_NAMES = (
     'mobilenet_v2_os8',

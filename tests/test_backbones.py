@@ -15,7 +15,6 @@ from deeplab_train.model import atrous
 from deeplab_train.model import layers
 from deeplab_train.model import registry
 
-tf.disable_v2_behavior()
 
 XCEPTION = ('xception_41', 'xception_65', 'xception_71')
 RESNET = ('resnet_v1_50', 'resnet_v1_50_beta', 'resnet_v1_101',

@@ -8,11 +8,23 @@ process group and is killed by the fixture's finaliser, also when a test
 fails; every wait has a timeout.
 """
 import json
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
+import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
 from deeplab_train.train import cluster as cluster_lib
+from deeplab_train.train import graph as graph_lib
+
+import train_testing as tt
 
 PS = ('127.0.0.1:2220',)
 WORKERS = ('127.0.0.1:2221', '127.0.0.1:2222')
@@ -215,3 +227,338 @@ def test_session_config_sees_only_ps_and_this_worker():
   assert list(out.device_filters) == ['/job:ps', '/job:worker/task:1']
   assert out.allow_soft_placement
   assert not base.device_filters  # the base is left alone
+
+
+# ---------------------------------------------------------------------------
+# Device placement of the training graph (no server needed).
+# ---------------------------------------------------------------------------
+def _cluster_graph(task, sync, num_ps=2):
+  c = cluster_lib.resolve(_options(
+      task=task, sync_replicas=sync,
+      ps_hosts=tuple('127.0.0.1:%d' % (2230 + i) for i in range(num_ps))))
+  images, labels = tt.synthetic_batch(2, 17)
+  train = config.TrainOptions(train_batch_size=2, num_clones=2,
+                              clone_on_cpu=True).validate()
+  g = graph_lib.build_training_graph(
+      tt.tiny_model_options(crop=17), train, ignore_label=255,
+      input_fn=tt.constant_input_fn(images, labels),
+      model_fn=tt.toy_model_fn(), last_layer_scopes=['logits'],
+      graph_device=cluster_lib.variables_device(c),
+      wrap_optimizer=lambda opt: cluster_lib.wrap_optimizer(opt, c))
+  if sync:
+    # Read by SyncReplicasHook in a session; unused here (TensorFlow would
+    # log that).
+    g['optimizer'].ready_for_local_init_op.mark_used()
+  return c, g
+
+
+def _job_task(device):
+  spec = tf.DeviceSpec.from_string(device)
+  return spec.job, spec.task
+
+
+def test_cluster_graph_puts_variables_on_ps_and_compute_on_the_worker():
+  _, g = _cluster_graph(task=1, sync=True)
+  variables = g['graph'].get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
+  places = {v.op.name: _job_task(v.device) for v in variables}
+  assert places['global_step'][0] == 'ps'
+  # Weights, BN statistics and momentum slots all live on the ps tasks, and
+  # round robin uses both of them.
+  assert {job for job, _ in places.values()} == {'ps'}, places
+  assert {task for _, task in places.values()} == {0, 1}
+  # The sync optimizer's local step is this worker's own.
+  local = g['graph'].get_collection(tf.GraphKeys.LOCAL_VARIABLES)
+  assert [_job_task(v.device) for v in local
+          if 'local_step' in v.op.name] == [('worker', 1)]
+  # Every computation (both towers, gradient averaging) runs on worker 1,
+  # on the CPU devices the trainer asked for; so do the checkpoint writes
+  # and reads (files on the chief's host).
+  ops = g['graph'].get_operations()
+  compute = [op for op in ops
+             if op.name.startswith(('tower_', 'average_gradients'))
+             and op.colocation_groups() == [b'loc:@' + op.name.encode()]
+             and op.type not in ('VarHandleOp', 'ReadVariableOp')]
+  assert len(compute) > 100
+  for op in compute:
+    assert _job_task(op.device) == ('worker', 1), (op.name, op.device)
+  saves = [op for op in ops if op.type in ('SaveV2', 'RestoreV2')]
+  assert len(saves) == 2
+  assert {_job_task(op.device) for op in saves} == {('worker', 1)}
+  tower1 = [op for op in g['graph'].get_operations()
+            if op.name.startswith('tower_1/') and op.type == 'Conv2D']
+  assert tower1 and all('CPU:0' in op.device for op in tower1)
+  assert isinstance(g['optimizer'], tf.train.SyncReplicasOptimizer)
+
+
+def test_asynchronous_cluster_keeps_the_plain_optimizer():
+  _, g = _cluster_graph(task=0, sync=False, num_ps=1)
+  assert isinstance(g['optimizer'], tf.train.MomentumOptimizer)
+  variables = g['graph'].get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
+  assert {_job_task(v.device) for v in variables} == {('ps', 0)}
+
+
+def test_worker_lock_files_are_per_task():
+  from deeplab_train.train import lock as lock_lib
+  assert cluster_lib.lock_filename(None) == lock_lib.LOCK_FILENAME
+  assert cluster_lib.lock_filename(cluster_lib.resolve(_options())) == (
+      lock_lib.LOCK_FILENAME)
+  assert cluster_lib.lock_filename(cluster_lib.resolve(_options(task=1))) == (
+      '.deeplab-train.worker-1.lock')
+
+
+# ---------------------------------------------------------------------------
+# Real clusters of separate processes on 127.0.0.1.
+# ---------------------------------------------------------------------------
+# Seconds any one process may take (TensorFlow start-up, graph, steps).
+PROCESS_TIMEOUT = 150
+STEP_LINE = re.compile(r'\] step (\d+)/(\d+)')
+
+
+def free_ports(count):
+  """`count` distinct free ports on 127.0.0.1 (held together until known)."""
+  socks = [socket.socket() for _ in range(count)]
+  try:
+    for s in socks:
+      s.bind(('127.0.0.1', 0))
+    return [s.getsockname()[1] for s in socks]
+  finally:
+    for s in socks:
+      s.close()
+
+
+@pytest.fixture(scope='module')
+def records(tmp_path_factory):
+  folder = tmp_path_factory.mktemp('records')
+  tt.make_tfrecords(folder, count=4)
+  return folder
+
+
+@pytest.fixture
+def processes():
+  """A list the test appends its Popen objects to; every one still alive is
+  killed with its process group at teardown, also when the test failed."""
+  started = []
+  yield started
+  for proc in started:
+    if proc.poll() is None:
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+  for proc in started:
+    try:
+      proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      pass
+
+
+class LocalCluster:
+  """1 ps + 2 workers of deeplab-train on free 127.0.0.1 ports."""
+
+  def __init__(self, root, records, processes, steps, *extra):
+    ps_port, w0_port, w1_port = free_ports(3)
+    self.root = pathlib.Path(root)
+    self.logdir = self.root / 'train'
+    self._processes = processes
+    self._runs = {}
+    self.args = tt.tiny_cli_args(self.logdir, records, steps) + [
+        '--ps_hosts=127.0.0.1:%d' % ps_port,
+        '--worker_hosts=127.0.0.1:%d,127.0.0.1:%d' % (w0_port, w1_port),
+        '--save_interval_secs=0'] + list(extra)
+
+  def start(self, job, task, name=None):
+    """Starts a task in its own process group; returns its Popen."""
+    name = name or '%s%d' % (job, task)
+    out = open(self.root / (name + '.out'), 'w')
+    err = open(self.root / (name + '.err'), 'w')
+    proc = subprocess.Popen(
+        [sys.executable, '-m', 'deeplab_train.cli.train'] + self.args
+        + ['--job_name=%s' % job, '--task=%d' % task],
+        stdout=out, stderr=err, env=tt.subprocess_env(), cwd=str(tt.REPO),
+        start_new_session=True)
+    out.close()
+    err.close()
+    self._processes.append(proc)
+    self._runs[name] = proc
+    return proc
+
+  def start_all(self):
+    self.start('ps', 0)
+    return self.start('worker', 0), self.start('worker', 1)
+
+  def log(self, name):
+    return (self.root / (name + '.err')).read_text()
+
+  def steps(self, name):
+    """Global steps in the progress lines a task logged."""
+    return [int(m.group(1)) for m in STEP_LINE.finditer(self.log(name))]
+
+  def finish(self, name, timeout=PROCESS_TIMEOUT):
+    """(exit code, JSON result) of a worker, which must end in time."""
+    proc = self._runs[name]
+    try:
+      proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      pytest.fail('%s did not finish in %d s; its log ends:\n%s'
+                  % (name, timeout, self.log(name)[-3000:]))
+    result = None
+    for line in (self.root / (name + '.out')).read_text().splitlines():
+      if line.startswith('{') and '"event": "result"' in line:
+        result = json.loads(line)
+    assert result is not None, self.log(name)[-3000:]
+    return proc.returncode, result
+
+  def wait_for_steps(self, name, count, timeout=PROCESS_TIMEOUT):
+    """Waits until task `name` logged `count` steps; returns the last."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+      steps = self.steps(name)
+      if len(steps) >= count:
+        return steps[-1]
+      if self._runs[name].poll() is not None:
+        pytest.fail('%s exited early:\n%s' % (name, self.log(name)[-3000:]))
+      time.sleep(0.2)
+    pytest.fail('%s logged no %d steps in %d s' % (name, count, timeout))
+
+  def wait_for_line(self, name, text, timeout=PROCESS_TIMEOUT):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+      if text in self.log(name):
+        return
+      if self._runs[name].poll() is not None:
+        pytest.fail('%s exited early:\n%s' % (name, self.log(name)[-3000:]))
+      time.sleep(0.2)
+    pytest.fail('%s did not log %r in %d s' % (name, text, timeout))
+
+
+def _check_chief(cluster, result, steps):
+  assert result['status'] == 'ok', result
+  assert result['stop_reason'] == 'finished'
+  assert result['checkpoint'] == str(
+      cluster.logdir / ('model.ckpt-%d' % result['global_step']))
+  assert tt.latest_step(cluster.logdir) == result['global_step']
+  values = tt.read_checkpoint(result['checkpoint'])
+  assert int(values['global_step']) == result['global_step']
+  assert 'logits/semantic/weights' in values
+  assert (cluster.logdir / config.RUN_CONFIG_FILENAME).is_file()
+
+
+def _check_worker(result, steps):
+  assert result['status'] == 'ok', result
+  assert result['stop_reason'] == 'finished'
+  assert result['checkpoint'] is None  # the chief writes them
+  assert result['global_step'] >= steps
+
+
+def _eval_checkpoint(cluster, records):
+  """deeplab-eval on the cluster's logdir: (exit code, JSON result)."""
+  proc = subprocess.run(
+      [sys.executable, '-m', 'deeplab_train.cli.eval',
+       '--checkpoint_dir=%s' % cluster.logdir, '--dataset_dir=%s' % records,
+       '--dataset=shapes', '--eval_split=train',
+       '--eval_logdir=%s' % (cluster.root / 'eval')],
+      capture_output=True, text=True, env=tt.subprocess_env(),
+      cwd=str(tt.REPO), timeout=PROCESS_TIMEOUT)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith('{')]
+  return proc.returncode, json.loads(lines[-1]) if lines else proc.stderr
+
+
+@pytest.mark.slow
+def test_synchronous_cluster_trains_and_the_chief_checkpoint_evaluates(
+    tmp_path, records, processes):
+  steps = 8
+  cluster = LocalCluster(tmp_path, records, processes, steps)
+  cluster.start_all()
+  code0, chief = cluster.finish('worker0')
+  code1, worker = cluster.finish('worker1')
+  assert (code0, code1) == (0, 0), (chief, worker)
+  _check_chief(cluster, chief, steps)
+  assert chief['global_step'] == steps
+  _check_worker(worker, steps)
+  assert worker['global_step'] == steps
+  # Both replicas ran training steps (a progress line per step).
+  assert cluster.steps('worker0') and cluster.steps('worker1')
+  assert 'SyncReplicas' in cluster.log('worker1')
+  code, evaluated = _eval_checkpoint(cluster, records)
+  assert code == 0, evaluated
+  assert evaluated['global_step'] == steps
+  assert 0.0 <= evaluated['miou'] <= 1.0
+
+
+@pytest.mark.slow
+def test_asynchronous_cluster_with_startup_delay(tmp_path, records,
+                                                 processes):
+  steps = 8
+  cluster = LocalCluster(tmp_path, records, processes, steps,
+                         '--sync_replicas=false', '--startup_delay_steps=3')
+  cluster.start_all()
+  code0, chief = cluster.finish('worker0')
+  code1, worker = cluster.finish('worker1')
+  assert (code0, code1) == (0, 0), (chief, worker)
+  _check_chief(cluster, chief, steps)
+  _check_worker(worker, steps)
+  # Each worker updates on its own: one more update may land after the
+  # chief's last step.
+  assert steps <= chief['global_step'] <= steps + 1
+  assert 'SyncReplicas' not in cluster.log('worker1')
+  # Worker 1 waited for global step 1 * 3 before its first step.
+  assert 'Waiting for global step 3' in cluster.log('worker1')
+  assert cluster.steps('worker0') and min(cluster.steps('worker1')) > 3
+
+
+@pytest.mark.slow
+def test_killed_worker_rejoins_and_the_run_finishes(tmp_path, records,
+                                                   processes):
+  steps = 30
+  cluster = LocalCluster(tmp_path, records, processes, steps)
+  chief_proc, worker_proc = cluster.start_all()
+  killed_at = cluster.wait_for_steps('worker1', 2)
+  os.killpg(worker_proc.pid, signal.SIGKILL)
+  worker_proc.wait(timeout=10)
+  # The chief is paused while worker 1 restarts, so the run cannot end
+  # before it is back (a restart takes TensorFlow's start-up time).
+  os.kill(chief_proc.pid, signal.SIGSTOP)
+  try:
+    cluster.start('worker', 1, name='worker1_restarted')
+    cluster.wait_for_line('worker1_restarted',
+                          'Waiting for the chief to initialise')
+  finally:
+    os.kill(chief_proc.pid, signal.SIGCONT)
+  code0, chief = cluster.finish('worker0')
+  code1, worker = cluster.finish('worker1_restarted')
+  assert (code0, code1) == (0, 0), (chief, worker)
+  _check_chief(cluster, chief, steps)
+  assert chief['global_step'] == steps
+  _check_worker(worker, steps)
+  # It continued from the shared state, not from step 0.
+  rejoined = cluster.steps('worker1_restarted')
+  assert rejoined and min(rejoined) > killed_at, (killed_at, rejoined)
+
+
+@pytest.mark.slow
+def test_killed_chief_restarts_from_the_last_checkpoint(tmp_path, records,
+                                                       processes):
+  steps = 30
+  cluster = LocalCluster(tmp_path, records, processes, steps,
+                         '--save_interval_steps=3')
+  chief_proc, _ = cluster.start_all()
+  killed_at = cluster.wait_for_steps('worker0', 7)
+  os.killpg(chief_proc.pid, signal.SIGKILL)
+  chief_proc.wait(timeout=10)
+  # Without the chief no update happens: worker 1 waits for it.
+  last = tt.latest_step(cluster.logdir)
+  assert 3 <= last <= killed_at
+  cluster.start('worker', 0, name='worker0_restarted')
+  code0, chief = cluster.finish('worker0_restarted')
+  code1, worker = cluster.finish('worker1')
+  assert (code0, code1) == (0, 0), (chief, worker)
+  _check_chief(cluster, chief, steps)
+  assert chief['global_step'] == steps
+  _check_worker(worker, steps)
+  log = cluster.log('worker0_restarted')
+  assert 'Restoring parameters from %s' % (
+      cluster.logdir / ('model.ckpt-%d' % last)) in log
+  # The restarted chief took over the dead one's logdir lock.
+  assert 'Taking over the stale lock' in log
+  # It went on from the checkpoint's step (the steps since were redone).
+  assert min(cluster.steps('worker0_restarted')) in (last, last + 1)

@@ -250,7 +250,8 @@ def test_batch_norm_decays_per_part():
     fetch = {}
     for scope in checks:
       conv = graph.get_tensor_by_name(scope + '/Conv2D:0')
-      moving = graph.get_tensor_by_name(scope + '/BatchNorm/moving_mean:0')
+      moving, = [v for v in tf.global_variables()
+                 if v.op.name == scope + '/BatchNorm/moving_mean']
       fetch[scope] = (tf.reduce_mean(conv, axis=[0, 1, 2]), moving)
     with tf.Session() as sess:
       sess.run(tf.global_variables_initializer())

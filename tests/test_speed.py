@@ -259,6 +259,60 @@ def test_loss_scale_variables_are_not_checkpointed():
       loss_scale_lib.DynamicLossScale(initial_scale=0.5)
 
 
+def test_fp16_training_graph_scales_loss_and_trains_on_cpu():
+  g = _build(mixed_precision='fp16')
+  scale = g['loss_scale']
+  assert scale is not None
+  with g['graph'].as_default():
+    saved = {v.op.name for v in tf.global_variables()}
+  assert not any(name.startswith('loss_scale') for name in saved)
+  # On a CPU the fp16 rewrite is skipped (no GPU); the scaling still runs.
+  scales = []
+  losses = _train_losses(g, session_lib.make_session_config('fp16'), 6,
+                         after=lambda sess: scales.append(
+                             sess.run(scale.scale)))
+  assert all(np.isfinite(losses))
+  assert losses[-1] < 0.95 * losses[0], losses
+  assert scales == [loss_scale_lib.DEFAULT_INITIAL_SCALE]  # no step skipped
+
+
+def test_fp16_refused_with_a_wrapped_optimizer():
+  with pytest.raises(config.ConfigError, match='fp16'):
+    graph_lib.build_training_graph(
+        _model_options(), _train_options(mixed_precision='fp16'),
+        ignore_label=255, input_fn=_fixed_batch_input_fn(),
+        wrap_optimizer=lambda optimizer: optimizer)
+
+
+def test_train_options_validate_speed_fields():
+  with pytest.raises(config.ConfigError, match='--mixed_precision'):
+    _train_options(mixed_precision='fp8')
+  with pytest.raises(config.ConfigError, match='intra_op'):
+    _train_options(intra_op_parallelism_threads=-2)
+  options = _train_options(mixed_precision='bf16', use_xla=True,
+                           intra_op_parallelism_threads=1,
+                           inter_op_parallelism_threads=0)
+  cfg = session_lib.from_train_options(options)
+  assert cfg.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 == 1
+  assert cfg.graph_options.optimizer_options.global_jit_level == tf.OptimizerOptions.ON_1
+  assert (cfg.intra_op_parallelism_threads,
+          cfg.inter_op_parallelism_threads) == (1, 0)
+
+
+def test_deeplab_train_flags_reach_the_options():
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
+  from deeplab_train.cli import train as train_cli  # pylint: disable=g-import-not-at-top
+  with flagsaver.flagsaver():
+    flags.FLAGS(['deeplab-train', '--mixed_precision=bf16', '--use_xla',
+                 '--intra_op_parallelism_threads=2'])
+    options = train_cli.train_options()
+  assert options.mixed_precision == 'bf16'
+  assert options.use_xla
+  assert options.intra_op_parallelism_threads == 2
+  assert options.inter_op_parallelism_threads is None
+
+
 # ---------------------------------------------------------------------------
 # Benchmark pieces and the command.
 # ---------------------------------------------------------------------------

@@ -68,14 +68,6 @@ flags.DEFINE_boolean('bench_child', False,
                      'Internal: run one setting and print its result for '
                      'the parent process.')
 
-# Defined by deeplab-train once it has them; here until then.
-if 'mixed_precision' not in FLAGS:
-  flags.DEFINE_enum('mixed_precision', 'none',
-                    list(session_lib.MIXED_PRECISION_MODES),
-                    'Low-precision compute: bf16 (CPU) or fp16 (GPU).')
-if 'use_xla' not in FLAGS:
-  flags.DEFINE_boolean('use_xla', False, 'XLA auto-clustering.')
-
 _RESULT_PREFIX = 'BENCH_RESULT '
 
 
@@ -139,15 +131,16 @@ def build_job(tmp_dir):
         model_options, train, ignore_label=info.ignore_label,
         input_fn=input_fn)
 
-  session_config = session_lib.make_session_config(
-      FLAGS.mixed_precision, FLAGS.use_xla)
+  session_config = session_lib.from_train_options(train)
   return bench.BenchJob(
       model_options=model_options, train_options=train,
       preprocess_options=preprocess, dataset_dir=dataset_dir,
       dataset_info=info, split=split, data=label,
-      mixed_precision=FLAGS.mixed_precision, use_xla=FLAGS.use_xla,
+      mixed_precision=train.mixed_precision, use_xla=train.use_xla,
       session_config=session_config,
-      peak_session_config=session_lib.make_session_config(),
+      peak_session_config=session_lib.make_session_config(
+          intra_op_threads=train.intra_op_parallelism_threads,
+          inter_op_threads=train.inter_op_parallelism_threads),
       build_graph=build_graph,
       mean_pixel=registry.get(model_options.model_variant).mean_pixel)
 

@@ -28,7 +28,19 @@ Exit codes:
   2   bad flags or input (one-line message; no traceback)
   3   non-finite loss (no checkpoint of the broken step is written)
   75  the logdir is locked by a live run (the message names its pid)
+
+On a cluster (TensorFlow's parameter servers and workers, see
+docs/distributed.md) every task runs the same command with its own
+--job_name and --task (or its own TF_CONFIG):
+
+    deeplab-train ... --ps_hosts=h0:2222 --worker_hosts=h1:2222,h2:2222 \
+        --job_name=worker --task=0 [--sync_replicas=false]
+
+A ps task serves until killed; worker 0 (the chief) initialises, writes the
+checkpoints and summaries and holds the logdir lock; the other workers
+report no checkpoint.
 """
+import os
 import sys
 import time
 
@@ -41,6 +53,7 @@ from deeplab_train.cli import common_flags
 from deeplab_train.data import datasets
 from deeplab_train.data import pipeline
 from deeplab_train.model import registry
+from deeplab_train.train import cluster as cluster_lib
 from deeplab_train.train import inputs
 from deeplab_train.train import run as run_lib
 
@@ -51,6 +64,28 @@ COMMAND = 'deeplab-train'
 flags.DEFINE_integer('num_clones', 1, 'Number of clones (towers) to deploy; '
                      'the batch is split evenly between them.')
 flags.DEFINE_boolean('clone_on_cpu', False, 'Use CPUs to deploy clones.')
+
+# Clusters (TensorFlow's distributed runtime; or the TF_CONFIG variable).
+flags.DEFINE_list('ps_hosts', [],
+                  'host:port of each parameter-server task, comma-separated.')
+flags.DEFINE_list('worker_hosts', [],
+                  'host:port of each worker task, comma-separated; the first '
+                  'is the chief.')
+flags.DEFINE_string('job_name', None, 'This task\'s job: ps or worker.')
+flags.DEFINE_integer('task', 0, 'The task ID (index in its job).')
+flags.DEFINE_boolean('sync_replicas', True,
+                     'Cluster: synchronous updates (each averages a gradient '
+                     'of every worker); false: asynchronous.')
+flags.DEFINE_integer('num_replicas', 1,
+                     'Number of worker replicas (follows --worker_hosts or '
+                     'TF_CONFIG; a given value must match it).')
+flags.DEFINE_integer('num_ps_tasks', 0,
+                     'The number of parameter servers (follows --ps_hosts or '
+                     'TF_CONFIG; a given value must match it).')
+flags.DEFINE_integer('startup_delay_steps', 15,
+                     'Number of training steps between replicas startup '
+                     '(asynchronous mode: worker i starts at step i times '
+                     'this).')
 
 # Logging, checkpoints, stopping.
 flags.DEFINE_string('train_logdir', None,
@@ -103,7 +138,8 @@ flags.DEFINE_integer('train_batch_size', 8,
                      '(all clones together).')
 flags.DEFINE_float('weight_decay', None,
                    'The value of the weight decay for training (default: '
-                   '0.00004 for MobileNet-v2 / Xception, 0.0001 for ResNet).')
+                   'the backbone family\'s, 0.00004 for every built-in one, '
+                   'as the original).')
 flags.DEFINE_list('train_crop_size', '513,513',
                   'Image crop size [height, width] during training; each a '
                   'multiple of output_stride plus 1.')
@@ -135,6 +171,20 @@ flags.DEFINE_float('drop_path_keep_prob', 1.0,
 flags.DEFINE_integer('quantize_delay_step', -1,
                      'Quantised training (not supported: only -1 is '
                      'accepted).')
+
+# Speed (see deeplab-bench to measure them).
+flags.DEFINE_enum('mixed_precision', 'none', list(config.MIXED_PRECISION_MODES),
+                  'Low-precision compute with fp32 variables, logits and '
+                  'loss: bf16 (CPUs with AVX512_BF16/AMX; oneDNN rewrite) or '
+                  'fp16 (GPUs; with dynamic loss scaling).')
+flags.DEFINE_boolean('use_xla', False,
+                     'Compile the graph with XLA (auto-clustering).')
+flags.DEFINE_integer('intra_op_parallelism_threads', None,
+                     'Threads inside one op (unset: every usable core; 0: '
+                     'TensorFlow decides).')
+flags.DEFINE_integer('inter_op_parallelism_threads', None,
+                     'Ops run at once (unset: every usable core; 0: '
+                     'TensorFlow decides).')
 
 # Fine-tuning.
 flags.DEFINE_string('tf_initial_checkpoint', None,
@@ -195,7 +245,11 @@ def train_options():
       last_layers_contain_logits_only=FLAGS.last_layers_contain_logits_only,
       tf_initial_checkpoint=FLAGS.tf_initial_checkpoint,
       initialize_last_layer=FLAGS.initialize_last_layer,
-      save_summaries_images=FLAGS.save_summaries_images).validate()
+      save_summaries_images=FLAGS.save_summaries_images,
+      mixed_precision=FLAGS.mixed_precision, use_xla=FLAGS.use_xla,
+      intra_op_parallelism_threads=FLAGS.intra_op_parallelism_threads,
+      inter_op_parallelism_threads=(
+          FLAGS.inter_op_parallelism_threads)).validate()
 
 
 def run_options():
@@ -210,6 +264,18 @@ def run_options():
       num_steps_more=FLAGS.num_steps_more,
       profile_logdir=FLAGS.profile_logdir,
       result_json=FLAGS.result_json).validate()
+
+
+def cluster_options():
+  """ClusterOptions from the flags (the replica counts only when given)."""
+  given = lambda name: (FLAGS[name].value
+                        if common_flags.explicitly_set(name) else None)
+  return config.ClusterOptions(
+      ps_hosts=FLAGS.ps_hosts, worker_hosts=FLAGS.worker_hosts,
+      job_name=FLAGS.job_name, task=FLAGS.task,
+      sync_replicas=FLAGS.sync_replicas,
+      num_replicas=given('num_replicas'), num_ps_tasks=given('num_ps_tasks'),
+      startup_delay_steps=FLAGS.startup_delay_steps).validate()
 
 
 def build_job():
@@ -271,8 +337,12 @@ def main(argv):
     if len(argv) > 1:
       raise config.ConfigError('unexpected arguments %s (flags are written '
                                '--name=value)' % ' '.join(argv[1:]))
+    cluster = cluster_lib.resolve(cluster_options(),
+                                  os.environ.get(cluster_lib.TF_CONFIG))
+    if cluster is not None and cluster.is_ps:
+      cluster_lib.serve(cluster)  # until killed
     job = build_job()
-    result = run_lib.train(start_time=start, **job)
+    result = run_lib.train(start_time=start, cluster=cluster, **job)
   except config.ConfigError as e:
     result = run_lib.RunResult('bad_input', 'bad_input',
                                seconds=time.time() - start, message=str(e))

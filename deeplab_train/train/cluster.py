@@ -30,6 +30,7 @@ weights.
 """
 import dataclasses
 import json
+import threading
 import time
 from typing import Optional, Tuple
 
@@ -37,6 +38,7 @@ from absl import logging
 import tensorflow.compat.v1 as tf
 
 from deeplab_train.config import ConfigError
+from deeplab_train.train import lock as lock_lib
 
 JOB_PS = 'ps'
 JOB_WORKER = 'worker'
@@ -52,6 +54,9 @@ RECOVERY_WAIT_SECS = 1.0
 _POLL_SECS = 0.5
 # Lock file of a non-chief worker in a logdir it shares with the chief.
 WORKER_LOCK_FILENAME = '.deeplab-train.worker-%d.lock'
+# Seconds a closing chief gives its threads: the token queue runner of
+# synchronous training waits for gradients that will not come any more.
+STOP_GRACE_SECS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,6 +371,19 @@ def _check_counts(options, ps, workers):
 # ---------------------------------------------------------------------------
 # Servers, devices, sessions.
 # ---------------------------------------------------------------------------
+def lock_filename(cluster):
+  """The logdir lock file of this task.
+
+  The chief (and a single-machine run) takes the logdir lock: one run per
+  logdir. Another worker takes a lock of its own task only, so workers can
+  share the chief's logdir while two processes started as the same task
+  still fail fast.
+  """
+  if cluster is None or cluster.is_chief:
+    return lock_lib.LOCK_FILENAME
+  return WORKER_LOCK_FILENAME % cluster.task
+
+
 def start_server(cluster, config=None):
   """Starts this task's gRPC server.
 
@@ -487,11 +505,96 @@ def wrap_optimizer(optimizer, cluster):
       total_num_replicas=cluster.num_workers)
 
 
-def optimizer_hooks(optimizer, cluster):
-  """Hooks a wrapped optimizer needs (the chief's token queue runner)."""
+def optimizer_hooks(optimizer, cluster, global_step, last_step):
+  """Hooks a wrapped optimizer needs (see SyncReplicasHook)."""
   if isinstance(optimizer, tf.train.SyncReplicasOptimizer):
-    return [optimizer.make_session_run_hook(cluster.is_chief)]
+    return [SyncReplicasHook(optimizer, cluster.is_chief, global_step,
+                             last_step)]
   return []
+
+
+class SyncReplicasHook(tf.train.SessionRunHook):
+  """Session set-up of synchronous training.
+
+  Every worker initialises its local step; the chief also puts the first
+  tokens in the queue and runs, in a thread, the op that waits for the
+  workers' gradients, applies their average and hands out the tokens of the
+  next step (what SyncReplicasOptimizer's own hook does with a queue runner,
+  whose thread ends in a traceback at every normal exit).
+
+  When the chief stops before the last step (time budget, signal), it closes
+  the token queue: the workers waiting for their next token then stop too
+  ('chief_stopped') instead of waiting for ever. A chief that finished keeps
+  the queue open, so the same ps tasks can serve a longer run later.
+
+  Args:
+    optimizer: the SyncReplicasOptimizer (apply_gradients already called).
+    is_chief: this worker is the chief.
+    global_step: the global step variable.
+    last_step: the step the run stops at.
+  """
+
+  def __init__(self, optimizer, is_chief, global_step, last_step):
+    self._optimizer = optimizer
+    self._is_chief = is_chief
+    self._global_step = global_step
+    self._last_step = last_step
+    self._thread = None
+
+  def begin(self):
+    opt = self._optimizer
+    self._not_ready_op = opt.ready_for_local_init_op
+    if self._is_chief:
+      runner = opt.get_chief_queue_runner()
+      self._local_init_op = opt.chief_init_op
+      self._init_tokens_op = opt.get_init_tokens_op()
+      self._apply_op = runner.enqueue_ops[0]
+      self._close_queue_op = runner.cancel_op
+    else:
+      self._local_init_op = opt.local_step_init_op
+
+  def after_create_session(self, session, coord):
+    # The session creators made the shared variables ready; a name listed
+    # here would be a bug, not a user error.
+    not_ready = session.run(self._not_ready_op)
+    if len(not_ready):  # pylint: disable=g-explicit-length-test
+      raise RuntimeError('variables not initialised before the synchronous '
+                         'set-up: %s' % ', '.join(
+                             n.decode() for n in not_ready[:5]))
+    session.run(self._local_init_op)
+    if not self._is_chief:
+      return
+    try:
+      session.run(self._init_tokens_op)
+    except tf.errors.CancelledError:
+      raise ConfigError(
+          'the parameter servers still hold a synchronous run that its chief '
+          'stopped early (its token queue is closed): restart the ps tasks, '
+          'then the workers; the run resumes from the last checkpoint'
+      ) from None
+    self._thread = threading.Thread(
+        target=self._apply_loop, args=(session, coord), daemon=True,
+        name='sync-replicas-apply')
+    self._thread.start()
+
+  def _apply_loop(self, session, coord):
+    while not coord.should_stop():
+      try:
+        session.run(self._apply_op)
+      except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
+        return  # the session or the queue was closed: the run is over
+      except Exception as e:  # pylint: disable=broad-except
+        coord.request_stop(e)
+        return
+
+  def end(self, session):
+    if not self._is_chief:
+      return
+    step = int(session.run(self._global_step))
+    if step < self._last_step:
+      logging.info('Stopping before the last step: closing the token queue '
+                   'so the other workers stop too')
+      session.run(self._close_queue_op)
 
 
 class JoinHook(tf.train.SessionRunHook):
@@ -516,6 +619,8 @@ class JoinHook(tf.train.SessionRunHook):
     self._last_step = last_step
     self._start_step = start_step
     self._poll_secs = poll_secs
+    # The global step when the run was found finished at joining, or None.
+    self.finished_step = None
 
   def after_create_session(self, session, coord):
     step = int(session.run(self._global_step))
@@ -530,4 +635,5 @@ class JoinHook(tf.train.SessionRunHook):
     if step >= self._last_step:
       logging.info('The run is already at step %d (last step %d): nothing '
                    'to do for this worker', step, self._last_step)
+      self.finished_step = step
       coord.request_stop()

@@ -6,13 +6,18 @@ optimizer, train op, finiteness check), 'initialization' (restore from
 --tf_initial_checkpoint); summaries sit at the top so their TensorBoard tags
 are plain ('total_loss', 'learning_rate', 'losses/...', variable names).
 """
+import contextlib
+import dataclasses
+
 from absl import logging
 import tensorflow.compat.v1 as tf
 
+from deeplab_train import config
 from deeplab_train.model import registry
 from deeplab_train.train import checkpoint_init
 from deeplab_train.train import hooks
 from deeplab_train.train import learning_rate as lr_lib
+from deeplab_train.train import loss_scale
 from deeplab_train.train import losses
 from deeplab_train.train import scopes
 from deeplab_train.train import towers as towers_lib
@@ -95,7 +100,8 @@ def build_training_graph(model_options, train_options, *, ignore_label,
                          input_fn, model_fn=None, last_layer_scopes=None,
                          init_checkpoint=None, keep_checkpoint_max=5,
                          device_pattern=None, variables_device='/cpu:0',
-                         input_device='/cpu:0'):
+                         input_device='/cpu:0', graph_device=None,
+                         wrap_optimizer=None):
   """Builds the training graph.
 
   Args:
@@ -113,6 +119,12 @@ def build_training_graph(model_options, train_options, *, ignore_label,
     device_pattern: tower devices, e.g. '/cpu:%d' (see towers.tower_devices).
     variables_device: device (or device function) of the variables.
     input_device: device of the input pipeline.
+    graph_device: device function around the whole graph, or None. Cluster
+      workers pass a `replica_device_setter`: variables go to the ps tasks,
+      every other op to the worker (merged with the devices above, which
+      then name devices of that worker).
+    wrap_optimizer: fn(optimizer) -> optimizer applied to the momentum
+      optimizer (e.g. SyncReplicasOptimizer), or None.
 
   Returns:
     A dict: graph, global_step, step_after (the step after an update; fetch
@@ -120,7 +132,8 @@ def build_training_graph(model_options, train_options, *, ignore_label,
     learning_rate, train_op, all_finite (loss and updated weights finite;
     fetch only with train_op), summary_op, saver, scaffold, init_plan (or
     None), towers, model_variables, trainable_variables, grads_and_vars,
-    last_layer_scopes, batch_size.
+    last_layer_scopes, batch_size, optimizer, loss_scale (the fp16
+    DynamicLossScale, else None).
 
   Raises:
     ConfigError: the initial checkpoint does not fit the model.
@@ -130,7 +143,7 @@ def build_training_graph(model_options, train_options, *, ignore_label,
   if last_layer_scopes is None:
     last_layer_scopes = default_last_layer_scopes(train_options)
   graph = tf.Graph()
-  with graph.as_default():
+  with graph.as_default(), _device_scope(graph_device):
     with tf.device(variables_device):
       global_step = tf.train.get_or_create_global_step()
     with tf.name_scope('input'), tf.device(input_device):
@@ -150,7 +163,7 @@ def build_training_graph(model_options, train_options, *, ignore_label,
                                  if v not in before],
          'last_layer_scopes': last_layer_scopes,
          'batch_size': train_options.train_batch_size}
-    _add_train_op(g, train_options, input_device)
+    _add_train_op(g, train_options, input_device, wrap_optimizer)
     g['summary_op'] = _summary_op(g, train_options.save_summaries_images,
                                   model_options.num_classes)
     # Everything needed to resume exactly: global step, momentum slots,
@@ -163,6 +176,12 @@ def build_training_graph(model_options, train_options, *, ignore_label,
         init_fn=g['init_plan'].init_fn if g['init_plan'] else None,
         saver=g['saver'], summary_op=g['summary_op'])
   return g
+
+
+def _device_scope(device):
+  """tf.device(device), or no scope for None (the default graph must be
+  entered first: tf.device refuses device functions in eager mode)."""
+  return tf.device(device) if device is not None else contextlib.nullcontext()
 
 
 def _tower_fn(shares, model_fn, num_classes, ignore_label, train_options,
@@ -187,7 +206,7 @@ def _tower_fn(shares, model_fn, num_classes, ignore_label, train_options,
   return tower_fn
 
 
-def _add_train_op(g, train_options, cpu):
+def _add_train_op(g, train_options, cpu, wrap_optimizer=None):
   """Losses, averaged and multiplied gradients, the momentum update."""
   towers, trainable = g['towers'], g['trainable_variables']
   with tf.name_scope('train') as train_scope:
@@ -203,17 +222,38 @@ def _add_train_op(g, train_options, cpu):
     g['total_loss'] = tf.identity(total_loss, name='total_loss')
     g['learning_rate'] = lr_lib.learning_rate(g['global_step'],
                                               train_options)
+  scale = None
+  if train_options.mixed_precision == 'fp16':
+    if wrap_optimizer is not None:
+      raise config.ConfigError('--mixed_precision=fp16 is not supported on a '
+                               'cluster (its loss scaling may skip a step, '
+                               'which replicas cannot agree on)')
+    with tf.name_scope(train_scope), tf.device(cpu):
+      scale = loss_scale.DynamicLossScale()
+  towers_for_grads, reg_loss = _scaled_losses(towers, g['regularization_loss'],
+                                              scale)
   grads_and_vars = towers_lib.averaged_gradients(
-      towers, trainable, g['regularization_loss'], average_device=cpu)
+      towers_for_grads, trainable, reg_loss, average_device=cpu)
   with tf.name_scope(train_scope), tf.device(cpu):
+    if scale is not None:
+      grads_and_vars = scale.unscale(grads_and_vars)
     g['grads_and_vars'] = towers_lib.multiply_gradients(
         grads_and_vars, scopes.gradient_multipliers(
             trainable, g['last_layer_scopes'],
             train_options.last_layer_gradient_multiplier))
     optimizer = tf.train.MomentumOptimizer(g['learning_rate'],
                                            train_options.momentum)
-    apply_op = optimizer.apply_gradients(g['grads_and_vars'],
-                                         global_step=g['global_step'])
+    if wrap_optimizer is not None:
+      optimizer = wrap_optimizer(optimizer)
+    g['optimizer'] = optimizer
+    g['loss_scale'] = scale
+    if scale is None:
+      apply_op = optimizer.apply_gradients(g['grads_and_vars'],
+                                           global_step=g['global_step'])
+    else:
+      # A step with non-finite gradients is skipped and the scale halved.
+      apply_op = scale.apply_gradients(optimizer, g['grads_and_vars'],
+                                       global_step=g['global_step'])
     # BN moving averages are updated from tower 0's batch, as the original.
     g['train_op'] = tf.group(apply_op, *_as_ops(towers[0].update_ops),
                              name='train_op')
@@ -223,6 +263,22 @@ def _add_train_op(g, train_options, cpu):
       g['all_finite'] = tf.logical_and(
           tf.math.is_finite(g['total_loss']),
           hooks.weights_are_finite(g['model_variables']), name='all_finite')
+
+
+def _scaled_losses(towers, regularization_loss, scale):
+  """Towers and weight-decay loss to differentiate: as they are, or each
+  multiplied by the fp16 loss scale (on its tower's device)."""
+  if scale is None:
+    return towers, regularization_loss
+  scaled = []
+  for tower in towers:
+    with tf.name_scope(tower.name_scope), tf.device(tower.device):
+      scaled.append(dataclasses.replace(
+          tower, data_loss=scale.scale_loss(tower.data_loss)))
+  if regularization_loss is not None:
+    with tf.device(towers[0].device):
+      regularization_loss = scale.scale_loss(regularization_loss)
+  return scaled, regularization_loss
 
 
 def _summary_op(g, with_images, num_classes):

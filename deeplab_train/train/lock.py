@@ -59,8 +59,10 @@ class LogdirLock:
     LogdirLockedError: on entry, when a live process holds the lock.
   """
 
-  def __init__(self, logdir):
-    self.path = os.path.join(logdir, LOCK_FILENAME)
+  def __init__(self, logdir, filename=LOCK_FILENAME):
+    # Another file name gives another lock (cluster workers other than the
+    # chief each lock their own task in a logdir they share with it).
+    self.path = os.path.join(logdir, filename)
     self._fd = None
 
   def acquire(self):

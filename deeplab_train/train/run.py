@@ -14,8 +14,14 @@ exit code (`EXIT_CODES`):
 
 Order of precedence for the starting weights: a checkpoint in train_logdir
 (resume), else --tf_initial_checkpoint, else random initialisation.
+
+On a cluster (see cluster.py) the chief decides the starting weights, writes
+the checkpoints, summaries and deeplab_config.json and holds the logdir lock;
+another worker locks only its own task (`.deeplab-train.worker-<i>.lock`),
+waits for the chief and reports no checkpoint.
 """
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -26,10 +32,12 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
 from deeplab_train.train import checkpoint_init
+from deeplab_train.train import cluster as cluster_lib
 from deeplab_train.train import graph as graph_lib
 from deeplab_train.train import hooks as hooks_lib
 from deeplab_train.train import inputs
 from deeplab_train.train import lock as lock_lib
+from deeplab_train.train import session_config as session_lib
 
 EXIT_CODES = {'ok': 0, 'error': 1, 'bad_input': 2, 'non_finite_loss': 3,
               'locked': 75}
@@ -85,15 +93,18 @@ def checkpoint_step(prefix):
   return 0
 
 
-def default_session_config():
-  # Soft placement puts ops without a GPU kernel on the CPU.
-  return tf.ConfigProto(allow_soft_placement=True)
+def default_session_config(train_options=None):
+  """Soft placement (ops without a GPU kernel go to the CPU), threads on
+  every core, and the XLA / mixed-precision settings of `train_options`."""
+  if train_options is None:
+    return session_lib.make_session_config()
+  return session_lib.from_train_options(train_options)
 
 
 def train(model_options, train_options, run_options, *, ignore_label,
           input_fn, preprocess_options=None, dataset=None, model_fn=None,
           last_layer_scopes=None, session_config=None, device_pattern=None,
-          handle_signals=True, master='', start_time=None):
+          handle_signals=True, master='', start_time=None, cluster=None):
   """Runs (or resumes) training in `run_options.train_logdir`.
 
   Args:
@@ -105,10 +116,13 @@ def train(model_options, train_options, run_options, *, ignore_label,
     preprocess_options / dataset: saved with the model options in
       deeplab_config.json for eval, vis and export (skipped when None).
     model_fn, last_layer_scopes, device_pattern: see build_training_graph.
-    session_config: tf.ConfigProto (default: soft placement).
+    session_config: tf.ConfigProto (default: `default_session_config` of
+      train_options: soft placement, threads, XLA, mixed precision).
     handle_signals: stop cleanly on SIGTERM/SIGINT (main thread only).
     master: TensorFlow master for the session ('' = in-process).
     start_time: time.time() when the command started (for the budget).
+    cluster: a cluster.Cluster (a worker task) to train on, or None for a
+      single-machine run; its server is started here and is the master.
 
   Returns:
     A RunResult.
@@ -121,11 +135,15 @@ def train(model_options, train_options, run_options, *, ignore_label,
   if handle_signals:
     signals.install()
   try:
-    with lock_lib.LogdirLock(logdir):
+    with lock_lib.LogdirLock(logdir, cluster_lib.lock_filename(cluster)):
+      if cluster is not None:
+        _check_cluster_run(run_options)
+        master = cluster_lib.start_server(cluster).target
       return _train_locked(
           model_options, train_options, run_options, ignore_label, input_fn,
           preprocess_options, dataset, model_fn, last_layer_scopes,
-          session_config, device_pattern, stop, signals, master, start)
+          session_config, device_pattern, stop, signals, master, start,
+          cluster)
   except lock_lib.LogdirLockedError as e:
     return RunResult('locked', 'locked', seconds=time.time() - start,
                      message=str(e))
@@ -135,6 +153,14 @@ def train(model_options, train_options, run_options, *, ignore_label,
   finally:
     if handle_signals:
       signals.restore()
+
+
+def _check_cluster_run(run_options):
+  if run_options.num_steps_more:
+    raise config.ConfigError(
+        '--num_steps_more is not supported on a cluster (every worker would '
+        'need the chief\'s checkpoint step): raise --training_number_of_steps '
+        'instead')
 
 
 def _starting_point(train_options, run_options):
@@ -161,8 +187,14 @@ def _starting_point(train_options, run_options):
 def _train_locked(model_options, train_options, run_options, ignore_label,
                   input_fn, preprocess_options, dataset, model_fn,
                   last_layer_scopes, session_config, device_pattern, stop,
-                  signals, master, start):
-  latest, start_step, init = _starting_point(train_options, run_options)
+                  signals, master, start, cluster=None):
+  chief = cluster is None or cluster.is_chief
+  if chief:
+    latest, start_step, init = _starting_point(train_options, run_options)
+  else:
+    # The chief restores or initialises the shared variables; the step this
+    # worker starts at is known once it joins (see cluster.JoinHook).
+    latest, start_step, init = None, 0, None
   target = train_options.training_number_of_steps
   if start_step >= target:
     message = ('nothing to do: %s is at step %d, --training_number_of_steps=%d'
@@ -179,8 +211,8 @@ def _train_locked(model_options, train_options, run_options, ignore_label,
       input_fn=input_fn, model_fn=model_fn,
       last_layer_scopes=last_layer_scopes, init_checkpoint=init,
       keep_checkpoint_max=run_options.keep_checkpoint_max,
-      device_pattern=device_pattern)
-  if preprocess_options is not None and dataset is not None:
+      device_pattern=device_pattern, **_cluster_graph_args(cluster))
+  if chief and preprocess_options is not None and dataset is not None:
     config.save_run_config(run_options.train_logdir, model_options,
                            preprocess_options, dataset)
   logging.info('Training %s from step %d to %d: batch %d on %d tower(s), '
@@ -194,12 +226,25 @@ def _train_locked(model_options, train_options, run_options, ignore_label,
                      time.time() - start, 'stopped before training (%s)'
                      % stop.reason)
   return _session_loop(g, run_options, last_step, target, start_step,
-                       session_config or default_session_config(), stop,
-                       signals, master, start)
+                       session_config or default_session_config(train_options),
+                       stop, signals, master, start, cluster)
 
 
-def _make_hooks(g, run_options, last_step, stop, signals, start):
+def _cluster_graph_args(cluster):
+  """build_training_graph's device and optimizer arguments on a cluster."""
+  if cluster is None:
+    return {}
+  return {'graph_device': cluster_lib.variables_device(cluster),
+          'wrap_optimizer': functools.partial(cluster_lib.wrap_optimizer,
+                                              cluster=cluster)}
+
+
+def _make_hooks(g, run_options, last_step, stop, signals, start,
+                cluster=None):
   """The hooks, in the order their after_run must run (see hooks.py)."""
+  if cluster is not None and not cluster.is_chief:
+    return _worker_hooks(g, run_options, last_step, stop, signals, start,
+                         cluster)
   logdir = run_options.train_logdir
   progress = hooks_lib.ProgressHook(
       {'loss': g['total_loss'], 'learning_rate': g['learning_rate'],
@@ -226,24 +271,63 @@ def _make_hooks(g, run_options, last_step, stop, signals, start):
     os.makedirs(run_options.profile_logdir, exist_ok=True)
     hook_list.append(tf.train.ProfilerHook(
         save_steps=PROFILE_STEPS, output_dir=run_options.profile_logdir))
+  if cluster is not None:
+    hook_list += cluster_lib.optimizer_hooks(g['optimizer'], cluster,
+                                             g['global_step'], last_step)
   return hook_list, progress, checkpoints
 
 
+def _worker_hooks(g, run_options, last_step, stop, signals, start, cluster):
+  """A non-chief worker's hooks: no checkpoints, summaries or profiles."""
+  progress = hooks_lib.ProgressHook(
+      {'loss': g['total_loss'], 'learning_rate': g['learning_rate'],
+       'step': g['step_after']}, g['batch_size'], last_step,
+      run_options.log_steps)
+  hook_list = [cluster_lib.JoinHook(g['global_step'], last_step,
+                                    cluster.startup_step()),
+               hooks_lib.NonFiniteGuardHook(g['total_loss'], g['all_finite'],
+                                            g['step_after']),
+               progress, tf.train.StopAtStepHook(last_step=last_step),
+               signals]
+  if run_options.max_run_seconds:
+    hook_list.append(hooks_lib.TimeBudgetHook(run_options.max_run_seconds,
+                                              start, stop))
+  hook_list += cluster_lib.optimizer_hooks(g['optimizer'], cluster,
+                                           g['global_step'], last_step)
+  return hook_list, progress, None
+
+
+def _open_session(g, run_options, hook_list, session_config, master,
+                  cluster):
+  """The MonitoredSession of a single-machine run or of a cluster worker."""
+  if cluster is None:
+    return tf.train.MonitoredTrainingSession(
+        master=master, is_chief=True,
+        checkpoint_dir=run_options.train_logdir, scaffold=g['scaffold'],
+        hooks=hook_list, save_checkpoint_secs=None,
+        save_checkpoint_steps=None, save_summaries_steps=None,
+        save_summaries_secs=None, log_step_count_steps=None,
+        config=session_config)
+  creator = cluster_lib.session_creator(
+      cluster, g['scaffold'], master,
+      cluster_lib.session_config(cluster, session_config),
+      run_options.train_logdir)
+  return tf.train.MonitoredSession(
+      session_creator=creator, hooks=hook_list,
+      stop_grace_period_secs=cluster_lib.STOP_GRACE_SECS)
+
+
 def _session_loop(g, run_options, last_step, target, start_step,
-                  session_config, stop, signals, master, start):
+                  session_config, stop, signals, master, start,
+                  cluster=None):
   with g['graph'].as_default():
     hook_list, progress, checkpoints = _make_hooks(
-        g, run_options, last_step, stop, signals, start)
+        g, run_options, last_step, stop, signals, start, cluster)
   elapsed = lambda: time.time() - start
   try:
     with g['graph'].as_default():
-      with tf.train.MonitoredTrainingSession(
-          master=master, is_chief=True,
-          checkpoint_dir=run_options.train_logdir, scaffold=g['scaffold'],
-          hooks=hook_list, save_checkpoint_secs=None,
-          save_checkpoint_steps=None, save_summaries_steps=None,
-          save_summaries_secs=None, log_step_count_steps=None,
-          config=session_config) as sess:
+      with _open_session(g, run_options, hook_list, session_config, master,
+                         cluster) as sess:
         while not sess.should_stop():
           sess.run(g['train_op'])
   except hooks_lib.NonFiniteLossError as e:
@@ -264,11 +348,13 @@ def _session_loop(g, run_options, last_step, target, start_step,
     tf.summary.FileWriterCache.clear()
 
   step = progress.step if progress.step is not None else start_step
-  checkpoint = checkpoints.last_checkpoint
+  checkpoint = checkpoints.last_checkpoint if checkpoints else None
   if stop.reason:
     reason = stop.reason
   elif step >= last_step:
     reason = 'finished' if last_step == target else 'num_steps_more'
+  elif checkpoints is None:
+    return _worker_end(hook_list[0], progress, elapsed())
   else:
     message = ('the input ended at step %d before step %d: is the training '
                'split empty?' % (step, last_step))
@@ -277,3 +363,16 @@ def _session_loop(g, run_options, last_step, target, start_step,
   return RunResult('ok', reason, step, progress.loss, checkpoint, elapsed(),
                    'stopped at step %d (%s); checkpoint %s'
                    % (step, reason, checkpoint))
+
+
+def _worker_end(join_hook, progress, seconds):
+  """The result of a non-chief worker that stopped before the last step:
+  the run was already over when it joined, or the chief ended it."""
+  if join_hook.finished_step is not None:
+    return RunResult('ok', 'nothing_to_do', join_hook.finished_step, None,
+                     None, seconds, 'the run was already at step %d when this '
+                     'worker joined' % join_hook.finished_step)
+  step = progress.step
+  return RunResult('ok', 'chief_stopped', step, progress.loss, None, seconds,
+                   'the chief ended the run; this worker stopped at step %s'
+                   % step)

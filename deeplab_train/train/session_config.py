@@ -21,7 +21,9 @@ import os
 import tensorflow.compat.v1 as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
-MIXED_PRECISION_MODES = ('none', 'bf16', 'fp16')
+from deeplab_train import config as config_lib
+
+MIXED_PRECISION_MODES = config_lib.MIXED_PRECISION_MODES
 
 
 def usable_cores():
@@ -92,3 +94,20 @@ def make_session_config(mixed_precision='none', use_xla=False,
     # emulation, `auto_mixed_precision_cpu`, crashes TF 2.21 on this graph.)
     rewrite.auto_mixed_precision = on
   return config
+
+
+def from_train_options(train_options, cpu_devices=None):
+  """The session config of `make_session_config` for a TrainOptions.
+
+  Args:
+    train_options: TrainOptions (mixed_precision, use_xla, thread counts).
+    cpu_devices: number of CPU devices, or None.
+
+  Returns:
+    A tf.ConfigProto.
+  """
+  return make_session_config(
+      train_options.mixed_precision, train_options.use_xla,
+      intra_op_threads=train_options.intra_op_parallelism_threads,
+      inter_op_threads=train_options.inter_op_parallelism_threads,
+      cpu_devices=cpu_devices)

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Trains on a local cluster of TensorFlow's distributed runtime, to try the
+# multi-machine setup on one machine: 1 parameter server and 2 workers
+# (worker 0 is the chief), each a separate deeplab-train process listening on
+# a free 127.0.0.1 port, training a tiny mobilenet_v2 on the bundled sample
+# data (data/, converted to TFRecords on the first run).
+#
+# Usage: scripts/launch_local_cluster.sh [EXTRA deeplab-train FLAGS...]
+#   e.g. scripts/launch_local_cluster.sh --sync_replicas=false
+#
+# Environment overrides:
+#   WORK     output folder (TFRecords, train logdir, logs)  [work/local_cluster]
+#   STEPS    --training_number_of_steps                      [20]
+#   TIMEOUT  seconds to wait for the workers before giving up [900]
+#
+# The logs of each task are in $WORK/logs, each worker's JSON result in
+# $WORK/result_worker{0,1}.json, the checkpoints in $WORK/train. Every
+# process started here is stopped when the script exits, fails or is
+# interrupted (Ctrl-C). See docs/distributed.md for a launch on several hosts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SCRIPT_NAME=launch_local_cluster
+# shellcheck source=scripts/common.sh
+source scripts/common.sh
+
+WORK="${WORK:-work/local_cluster}"
+STEPS="${STEPS:-20}"
+TIMEOUT="${TIMEOUT:-900}"
+PYTHON="${PYTHON:-python3}"
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+require_int STEPS "$STEPS"
+require_int TIMEOUT "$TIMEOUT"
+need_cmd deeplab-train deeplab-build-data "$PYTHON"
+
+RECORDS="$WORK/tfrecord"
+LOGDIR="$WORK/train"
+LOGS="$WORK/logs"
+mkdir -p "$LOGS"
+
+PIDS=()
+# Stops every task still running: SIGTERM first (workers then write a final
+# checkpoint), SIGKILL after 10 s.
+cleanup() {
+  local status=$? pid alive deadline
+  trap - EXIT INT TERM
+  for pid in "${PIDS[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  deadline=$((SECONDS + 10))
+  while ((SECONDS < deadline)); do
+    alive=0
+    for pid in "${PIDS[@]}"; do
+      if kill -0 "$pid" 2>/dev/null; then alive=1; fi
+    done
+    ((alive)) || break
+    sleep 0.2
+  done
+  for pid in "${PIDS[@]}"; do
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'log "interrupted: stopping the cluster"; exit 130' INT TERM
+
+if [[ ! -f "$RECORDS/dataset.json" ]]; then
+  log "converting data/ to TFRecords in $RECORDS"
+  run deeplab-build-data \
+    --image_folder=data/JPEGImages \
+    --semantic_segmentation_folder=data/SegmentationClass \
+    --list_folder=data/ImageSets/Segmentation \
+    --image_format=jpg --label_format=png \
+    --output_dir="$RECORDS" \
+    --dataset_name=shapes --num_classes=5 --ignore_label=255 \
+    --num_shards=1 >"$LOGS/build_data.log" 2>&1 ||
+    die "deeplab-build-data failed, see $LOGS/build_data.log"
+fi
+
+# Three distinct free ports: the sockets are held together until all three
+# are known, so they cannot come out equal.
+read -r PS_PORT W0_PORT W1_PORT < <("$PYTHON" -c '
+import socket
+socks = [socket.socket() for _ in range(3)]
+for s in socks:
+  s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+for s in socks:
+  s.close()')
+PS_HOSTS="127.0.0.1:$PS_PORT"
+WORKER_HOSTS="127.0.0.1:$W0_PORT,127.0.0.1:$W1_PORT"
+log "cluster: ps $PS_HOSTS, workers $WORKER_HOSTS (worker 0 is the chief)"
+
+# The same flags for every task; only --job_name and --task differ.
+COMMON=(
+  --ps_hosts="$PS_HOSTS" --worker_hosts="$WORKER_HOSTS"
+  --train_logdir="$LOGDIR" --dataset=shapes --dataset_dir="$RECORDS"
+  --model_variant=mobilenet_v2 --depth_multiplier=0.25 --output_stride=16
+  --train_crop_size=65,65 --train_batch_size=2 --fine_tune_batch_norm=false
+  --base_learning_rate=0.01 --training_number_of_steps="$STEPS"
+  --log_steps=5 --save_interval_secs=60
+  "$@"
+)
+
+start_task() {
+  local job=$1 task=$2 out="$LOGS/$1$2.log"
+  local extra=()
+  if [[ $job == worker ]]; then
+    extra=(--result_json="$WORK/result_worker$task.json")
+  fi
+  deeplab-train "${COMMON[@]}" --job_name="$job" --task="$task" \
+    "${extra[@]}" >"$out" 2>&1 &
+  PIDS+=("$!")
+  log "started $job $task (pid $!), log $out"
+}
+
+start_task ps 0
+PS_PID=${PIDS[0]}
+start_task worker 0
+start_task worker 1
+WORKER_PIDS=("${PIDS[1]}" "${PIDS[2]}")
+
+# Waits for both workers; fails when one fails, the ps dies, or time is up.
+deadline=$((SECONDS + TIMEOUT))
+declare -A DONE=()
+while ((${#DONE[@]} < 2)); do
+  for i in 0 1; do
+    pid=${WORKER_PIDS[$i]}
+    [[ -n ${DONE[$i]:-} ]] && continue
+    if ! kill -0 "$pid" 2>/dev/null; then
+      status=0
+      wait "$pid" || status=$?
+      DONE[$i]=$status
+      log "worker $i exited with status $status"
+      ((status == 0)) || die "worker $i failed, see $LOGS/worker$i.log"
+    fi
+  done
+  kill -0 "$PS_PID" 2>/dev/null || die "the parameter server died, see $LOGS/ps0.log"
+  ((SECONDS < deadline)) || die "the workers did not finish within ${TIMEOUT} s (TIMEOUT)"
+  sleep 0.5
+done
+
+for i in 0 1; do
+  printf 'worker %d: %s\n' "$i" "$(cat "$WORK/result_worker$i.json")"
+done
+log "done; checkpoints in $LOGDIR (the parameter server is stopped on exit)"
