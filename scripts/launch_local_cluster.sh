@@ -16,7 +16,8 @@
 # The logs of each task are in $WORK/logs, each worker's JSON result in
 # $WORK/result_worker{0,1}.json, the checkpoints in $WORK/train. Every
 # process started here is stopped when the script exits, fails or is
-# interrupted (Ctrl-C). See docs/distributed.md for a launch on several hosts.
+# interrupted (Ctrl-C, SIGTERM: the chief then writes a final checkpoint).
+# See docs/distributed.md for a launch on several hosts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCRIPT_NAME=launch_local_cluster
@@ -37,27 +38,42 @@ LOGDIR="$WORK/train"
 LOGS="$WORK/logs"
 mkdir -p "$LOGS"
 
-PIDS=()
-# Stops every task still running: SIGTERM first (workers then write a final
-# checkpoint), SIGKILL after 10 s.
-cleanup() {
-  local status=$? pid alive deadline
-  trap - EXIT INT TERM
-  for pid in "${PIDS[@]}"; do
-    kill -TERM "$pid" 2>/dev/null || true
+PS_PIDS=()
+WORKER_PIDS=()
+
+# Sends signal $1 to the pids that follow, then waits up to $2 seconds for
+# them to exit.
+stop_pids() {
+  local sig=$1 secs=$2 pid alive deadline
+  shift 2
+  for pid in "$@"; do
+    kill "-$sig" "$pid" 2>/dev/null || true
   done
-  deadline=$((SECONDS + 10))
+  deadline=$((SECONDS + secs))
   while ((SECONDS < deadline)); do
     alive=0
-    for pid in "${PIDS[@]}"; do
+    for pid in "$@"; do
       if kill -0 "$pid" 2>/dev/null; then alive=1; fi
     done
-    ((alive)) || break
+    ((alive)) || return 0
     sleep 0.2
   done
-  for pid in "${PIDS[@]}"; do
-    kill -KILL "$pid" 2>/dev/null || true
-  done
+}
+
+# Stops every task still running. Workers first, with SIGTERM (the chief
+# then writes a final checkpoint, which needs the parameter server), SIGKILL
+# after 20 s; then the parameter server.
+cleanup() {
+  local status=$?
+  trap - EXIT INT TERM
+  if ((${#WORKER_PIDS[@]})); then
+    stop_pids TERM 20 "${WORKER_PIDS[@]}"
+    stop_pids KILL 5 "${WORKER_PIDS[@]}"
+  fi
+  if ((${#PS_PIDS[@]})); then
+    # (A parameter server only ever stops this way: no "Killed" notice.)
+    { stop_pids KILL 5 "${PS_PIDS[@]}"; wait "${PS_PIDS[@]}"; } 2>/dev/null || true
+  fi
   wait 2>/dev/null || true
   exit "$status"
 }
@@ -92,6 +108,7 @@ WORKER_HOSTS="127.0.0.1:$W0_PORT,127.0.0.1:$W1_PORT"
 log "cluster: ps $PS_HOSTS, workers $WORKER_HOSTS (worker 0 is the chief)"
 
 # The same flags for every task; only --job_name and --task differ.
+# shellcheck disable=SC2054  # commas inside flag values, not separators
 COMMON=(
   --ps_hosts="$PS_HOSTS" --worker_hosts="$WORKER_HOSTS"
   --train_logdir="$LOGDIR" --dataset=shapes --dataset_dir="$RECORDS"
@@ -110,27 +127,26 @@ start_task() {
   fi
   deeplab-train "${COMMON[@]}" --job_name="$job" --task="$task" \
     "${extra[@]}" >"$out" 2>&1 &
-  PIDS+=("$!")
+  if [[ $job == ps ]]; then PS_PIDS+=("$!"); else WORKER_PIDS+=("$!"); fi
   log "started $job $task (pid $!), log $out"
 }
 
 start_task ps 0
-PS_PID=${PIDS[0]}
 start_task worker 0
 start_task worker 1
-WORKER_PIDS=("${PIDS[1]}" "${PIDS[2]}")
+PS_PID=${PS_PIDS[0]}
 
 # Waits for both workers; fails when one fails, the ps dies, or time is up.
 deadline=$((SECONDS + TIMEOUT))
-declare -A DONE=()
-while ((${#DONE[@]} < 2)); do
+declare -A FINISHED=()
+while ((${#FINISHED[@]} < 2)); do
   for i in 0 1; do
     pid=${WORKER_PIDS[$i]}
-    [[ -n ${DONE[$i]:-} ]] && continue
+    [[ -n ${FINISHED[$i]:-} ]] && continue
     if ! kill -0 "$pid" 2>/dev/null; then
       status=0
       wait "$pid" || status=$?
-      DONE[$i]=$status
+      FINISHED[$i]=$status
       log "worker $i exited with status $status"
       ((status == 0)) || die "worker $i failed, see $LOGS/worker$i.log"
     fi

@@ -5,12 +5,17 @@ import os
 import subprocess
 import sys
 
+from absl import flags
+from absl.testing import flagsaver
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import bench
 from deeplab_train import config
+from deeplab_train.cli import bench as bench_cli
+from deeplab_train.cli import train as train_cli
+from deeplab_train.data import pipeline
 from deeplab_train.model import deeplab
 from deeplab_train.train import graph as graph_lib
 from deeplab_train.train import loss_scale as loss_scale_lib
@@ -118,12 +123,14 @@ def test_session_config_settings():
   on = 1  # RewriterConfig.ON
   bf16 = session_lib.make_session_config('bf16', intra_op_threads=3,
                                          inter_op_threads=0)
-  assert bf16.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 == on
+  bf16_rewrite = bf16.graph_options.rewrite_options
+  assert bf16_rewrite.auto_mixed_precision_onednn_bfloat16 == on
   assert bf16.intra_op_parallelism_threads == 3
   assert bf16.inter_op_parallelism_threads == 0
   fp16 = session_lib.make_session_config('fp16')
   assert fp16.graph_options.rewrite_options.auto_mixed_precision == on
-  assert fp16.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 != on
+  assert (fp16.graph_options.rewrite_options
+          .auto_mixed_precision_onednn_bfloat16 != on)
   xla = session_lib.make_session_config(use_xla=True, cpu_devices=2)
   jit = xla.graph_options.optimizer_options
   assert jit.global_jit_level == tf.OptimizerOptions.ON_1
@@ -293,16 +300,15 @@ def test_train_options_validate_speed_fields():
                            intra_op_parallelism_threads=1,
                            inter_op_parallelism_threads=0)
   cfg = session_lib.from_train_options(options)
-  assert cfg.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 == 1
-  assert cfg.graph_options.optimizer_options.global_jit_level == tf.OptimizerOptions.ON_1
+  rewrite = cfg.graph_options.rewrite_options
+  assert rewrite.auto_mixed_precision_onednn_bfloat16 == 1
+  assert (cfg.graph_options.optimizer_options.global_jit_level ==
+          tf.OptimizerOptions.ON_1)
   assert (cfg.intra_op_parallelism_threads,
           cfg.inter_op_parallelism_threads) == (1, 0)
 
 
 def test_deeplab_train_flags_reach_the_options():
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
-  from deeplab_train.cli import train as train_cli  # pylint: disable=g-import-not-at-top
   with flagsaver.flagsaver():
     flags.FLAGS(['deeplab-train', '--mixed_precision=bf16', '--use_xla',
                  '--intra_op_parallelism_threads=2'])
@@ -337,7 +343,6 @@ def test_input_wait_reads_iterator_time():
 
 
 def test_synthetic_dataset_feeds_the_pipeline(tmp_path):
-  from deeplab_train.data import pipeline  # pylint: disable=g-import-not-at-top
   info = bench.write_synthetic_dataset(str(tmp_path), num_images=4,
                                        num_shards=2)
   rate = bench.input_pipeline_rate(
@@ -393,9 +398,6 @@ def _fake_result(mode, xla, images_per_sec):
 
 
 def test_bench_variants_run_in_child_processes(monkeypatch):
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
-  from deeplab_train.cli import bench as bench_cli  # pylint: disable=g-import-not-at-top
   commands = []
 
   def fake_run(argv, **unused_kwargs):
@@ -426,7 +428,6 @@ def test_bench_variants_run_in_child_processes(monkeypatch):
 
 
 def test_bench_variant_names():
-  from deeplab_train.cli import bench as bench_cli  # pylint: disable=g-import-not-at-top
   assert bench_cli.parse_variant('none') == ('none', False)
   assert bench_cli.parse_variant('fp32+xla') == ('none', True)
   assert bench_cli.parse_variant('bf16+xla') == ('bf16', True)

@@ -30,6 +30,7 @@ weights.
 """
 import dataclasses
 import json
+import signal
 import threading
 import time
 from typing import Optional, Tuple
@@ -49,13 +50,13 @@ _CHIEF_TYPES = ('chief', 'master')
 _EVALUATOR = 'evaluator'
 # Seconds between two checks of a waiting non-chief worker (TensorFlow's
 # default is 30, which makes every join slow).
-RECOVERY_WAIT_SECS = 1.0
+RECOVERY_WAIT_SECS = 0.5
 # Seconds between two global-step reads while waiting for a start step.
 _POLL_SECS = 0.5
 # Lock file of a non-chief worker in a logdir it shares with the chief.
 WORKER_LOCK_FILENAME = '.deeplab-train.worker-%d.lock'
-# Seconds a closing chief gives its threads: the token queue runner of
-# synchronous training waits for gradients that will not come any more.
+# Seconds a closing cluster session gives the threads registered with its
+# coordinator (TensorFlow's default is 120; none of ours should need any).
 STOP_GRACE_SECS = 3
 
 
@@ -148,8 +149,8 @@ def parse_host(value, where):
 
 
 def _hosts(values, where):
-  hosts = tuple(parse_host(v, where) for v in values if str(v).strip())
-  return hosts
+  """Parsed 'host:port' entries of a list (empty entries dropped)."""
+  return tuple(parse_host(v, where) for v in values if str(v).strip())
 
 
 def _job_list(cluster, job):
@@ -413,8 +414,14 @@ def start_server(cluster, config=None):
 
 
 def serve(cluster, server=None):
-  """Runs a parameter server: starts it (unless given) and never returns."""
+  """Runs a parameter server: starts it (unless given) and never returns.
+
+  Call from the main thread: Ctrl-C then ends the process at once (the
+  server's join never hands control back to Python, so a Python handler
+  would never run).
+  """
   server = server or start_server(cluster)
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
   logging.info('Parameter server %d serving on %s until killed',
                cluster.task, cluster.address)
   server.join()

@@ -349,20 +349,26 @@ def _session_loop(g, run_options, last_step, target, start_step,
 
   step = progress.step if progress.step is not None else start_step
   checkpoint = checkpoints.last_checkpoint if checkpoints else None
+  if cluster is not None and checkpoint:
+    # Other workers may have updated after the chief's last step (they do
+    # in asynchronous mode): report the step the final checkpoint holds.
+    step = max(step, checkpoint_step(checkpoint))
   if stop.reason:
     reason = stop.reason
   elif step >= last_step:
     reason = 'finished' if last_step == target else 'num_steps_more'
   elif checkpoints is None:
-    return _worker_end(hook_list[0], progress, elapsed())
+    join = next(h for h in hook_list if isinstance(h, cluster_lib.JoinHook))
+    return _worker_end(join, progress, elapsed())
   else:
     message = ('the input ended at step %d before step %d: is the training '
                'split empty?' % (step, last_step))
     return RunResult('bad_input', 'input_exhausted', step, progress.loss,
                      checkpoint, elapsed(), message)
+  where = ('checkpoint %s' % checkpoint if checkpoints
+           else 'the chief writes the checkpoints')
   return RunResult('ok', reason, step, progress.loss, checkpoint, elapsed(),
-                   'stopped at step %d (%s); checkpoint %s'
-                   % (step, reason, checkpoint))
+                   'stopped at step %d (%s); %s' % (step, reason, where))
 
 
 def _worker_end(join_hook, progress, seconds):
