@@ -13,6 +13,8 @@ import json
 import os
 from typing import Optional, Tuple
 
+from deeplab_train import atomic
+
 
 class ConfigError(ValueError):
   """Bad user input: the message names the flag or file and what to do."""
@@ -212,13 +214,7 @@ def save_run_config(logdir, model_options, preprocess_options, dataset):
   payload = {'model_options': model_options.to_dict(),
              'preprocess_options': preprocess_options.to_dict(),
              'dataset': dict(dataset)}
-  tmp = '%s.tmp-%d' % (path, os.getpid())
-  with open(tmp, 'w') as f:
-    json.dump(payload, f, indent=1, sort_keys=True)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
-  return path
+  return atomic.write_json(path, payload)
 
 
 def load_run_config(logdir_or_file):

@@ -71,6 +71,10 @@ flags.DEFINE_list('ps_hosts', [],
 flags.DEFINE_list('worker_hosts', [],
                   'host:port of each worker task, comma-separated; the first '
                   'is the chief.')
+flags.DEFINE_string('master', '',
+                    'Address of a TensorFlow server to run the session on '
+                    '(the original\'s flag; leave empty for in-process, and '
+                    'use --ps_hosts/--worker_hosts or TF_CONFIG for clusters).')
 flags.DEFINE_string('job_name', None, 'This task\'s job: ps or worker.')
 flags.DEFINE_integer('task', 0, 'The task ID (index in its job).')
 flags.DEFINE_boolean('sync_replicas', True,
@@ -341,8 +345,13 @@ def main(argv):
                                   os.environ.get(cluster_lib.TF_CONFIG))
     if cluster is not None and cluster.is_ps:
       cluster_lib.serve(cluster)  # until killed
+    if FLAGS.master and cluster is not None:
+      raise config.ConfigError(
+          '--master cannot be combined with a cluster (--ps_hosts/'
+          '--worker_hosts or TF_CONFIG): the cluster names the servers')
     job = build_job()
-    result = run_lib.train(start_time=start, cluster=cluster, **job)
+    result = run_lib.train(start_time=start, cluster=cluster,
+                           master=FLAGS.master, **job)
   except config.ConfigError as e:
     result = run_lib.RunResult('bad_input', 'bad_input',
                                seconds=time.time() - start, message=str(e))

@@ -19,6 +19,7 @@ import logging
 import os
 from typing import Dict, Optional, Tuple, Union
 
+from deeplab_train import atomic
 from deeplab_train.config import ConfigError
 from deeplab_train.data import colormap as colormap_lib
 
@@ -255,15 +256,4 @@ def write_dataset_json(dataset_dir, info):
   """
   path = os.path.join(dataset_dir, DATASET_JSON)
   info.validate(path)
-  tmp = os.path.join(dataset_dir, '.%s.tmp-%d' % (DATASET_JSON, os.getpid()))
-  try:
-    with open(tmp, 'w') as f:
-      json.dump(info.to_dict(), f, indent=1, sort_keys=True)
-      f.write('\n')
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-  return path
+  return atomic.write_json(path, info.to_dict())

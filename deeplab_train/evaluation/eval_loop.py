@@ -22,7 +22,7 @@ from deeplab_train import config
 from deeplab_train.data import pipeline
 from deeplab_train.evaluation import metrics as metrics_lib
 from deeplab_train.evaluation import predictor as predictor_lib
-from deeplab_train.export import atomic
+from deeplab_train import atomic
 
 RESULT_FILENAME = 'eval_result.json'
 

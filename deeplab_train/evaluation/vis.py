@@ -24,7 +24,7 @@ from deeplab_train import config
 from deeplab_train.data import colormap as colormap_lib
 from deeplab_train.data import preprocess
 from deeplab_train.evaluation import eval_loop
-from deeplab_train.export import atomic
+from deeplab_train import atomic
 
 SEMANTIC_FOLDER = 'segmentation_results'
 RAW_FOLDER = 'raw_segmentation_results'

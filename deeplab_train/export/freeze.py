@@ -21,7 +21,7 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train.data import preprocess
 from deeplab_train.evaluation import predictor
-from deeplab_train.export import atomic
+from deeplab_train import atomic
 from deeplab_train.model import deeplab
 from deeplab_train.model import registry
 

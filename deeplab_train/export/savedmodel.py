@@ -11,7 +11,7 @@ It loads in TensorFlow 2 and runs eagerly:
 """
 import tensorflow.compat.v1 as tf
 
-from deeplab_train.export import atomic
+from deeplab_train import atomic
 from deeplab_train.export import freeze
 
 SIGNATURE_KEY = 'serving_default'

@@ -30,6 +30,7 @@ from typing import Optional
 from absl import logging
 import tensorflow.compat.v1 as tf
 
+from deeplab_train import atomic
 from deeplab_train import config
 from deeplab_train.train import checkpoint_init
 from deeplab_train.train import cluster as cluster_lib
@@ -74,15 +75,7 @@ class RunResult:
 
 def write_result_json(result, path):
   """Writes the result to `path` under a temporary name, then renames."""
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  tmp = os.path.join(directory, '.%s.tmp-%d' % (os.path.basename(path),
-                                                os.getpid()))
-  with open(tmp, 'w') as f:
-    f.write(result.to_json() + '\n')
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  atomic.write_bytes(path, (result.to_json() + '\n').encode('utf-8'))
 
 
 def checkpoint_step(prefix):

@@ -1,8 +1,9 @@
 """Writes that never leave a half-written file: temp name, then rename.
 
-Used for every file eval, vis and export produce (JSON results, PNGs, frozen
-graphs, SavedModel directories), so a reader or a killed run never sees a
-partial output. The temp name is hidden and carries the pid, so concurrent
+Used for the files the commands write besides TFRecords and checkpoints
+(the saved run config, dataset.json, JSON results, PNGs, frozen graphs,
+SavedModel directories), so a reader or a killed run never sees a partial
+output. The temp name is hidden and carries the pid, so concurrent
 writers do not collide.
 """
 import json
