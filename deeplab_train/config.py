@@ -290,8 +290,9 @@ class TrainOptions(_JsonMixin):
   # Summaries built into the graph.
   save_summaries_images: bool = False
   # Speed (see train/session_config.py): 'none', 'bf16' (CPU) or 'fp16'
-  # (GPU, with dynamic loss scaling); XLA auto-clustering; thread pools
-  # (None: every usable core, 0: TensorFlow's choice).
+  # (GPU, with dynamic loss scaling); XLA compilation of the network (see
+  # train/graph.py); thread pools (None: every usable core, 0: TensorFlow's
+  # choice).
   mixed_precision: str = 'none'
   use_xla: bool = False
   intra_op_parallelism_threads: Optional[int] = None

@@ -16,6 +16,7 @@ from deeplab_train import config
 from deeplab_train.cli import bench as bench_cli
 from deeplab_train.cli import train as train_cli
 from deeplab_train.data import pipeline
+from deeplab_train.data import preprocess
 from deeplab_train.model import deeplab
 from deeplab_train.train import graph as graph_lib
 from deeplab_train.train import loss_scale as loss_scale_lib
@@ -131,11 +132,11 @@ def test_session_config_settings():
   assert fp16.graph_options.rewrite_options.auto_mixed_precision == on
   assert (fp16.graph_options.rewrite_options
           .auto_mixed_precision_onednn_bfloat16 != on)
-  xla = session_lib.make_session_config(use_xla=True, cpu_devices=2)
-  jit = xla.graph_options.optimizer_options
-  assert jit.global_jit_level == tf.OptimizerOptions.ON_1
-  assert jit.cpu_global_jit
-  assert xla.device_count['CPU'] == 2
+  towers = session_lib.make_session_config(cpu_devices=2)
+  assert towers.device_count['CPU'] == 2
+  # XLA is marked in the graph, never session-wide (see test_xla_*).
+  assert (towers.graph_options.optimizer_options.global_jit_level ==
+          tf.OptimizerOptions.DEFAULT)
 
 
 def test_session_config_rejects_bad_values():
@@ -162,11 +163,47 @@ def test_bf16_rewrite_keeps_loss_fp32_and_loss_falls():
   assert losses[-1] < 0.95 * losses[0], losses
 
 
-def test_xla_training_step_loss_falls():
-  g = _build()
-  losses = _train_losses(g, session_lib.make_session_config(use_xla=True), 6)
+def _run_ops(g, session_config):
+  """Op types of the graph as run (after rewrites and XLA clustering)."""
+  with g['graph'].as_default():
+    init = tf.global_variables_initializer()
+  with tf.Session(graph=g['graph'], config=session_config) as sess:
+    sess.run(init)
+    metadata = tf.RunMetadata()
+    sess.run(g['train_op'],
+             options=tf.RunOptions(output_partition_graphs=True),
+             run_metadata=metadata)
+  return {n.op for p in metadata.partition_graphs for n in p.node}
+
+
+def test_xla_training_step_compiles_and_loss_falls():
+  g = _build(use_xla=True)
+  session_config = session_lib.make_session_config()
+  assert '_XlaRun' in _run_ops(g, session_config)
+  losses = _train_losses(g, session_config, 6)
   assert all(np.isfinite(losses))
   assert losses[-1] < 0.95 * losses[0], losses
+
+
+def test_xla_leaves_the_input_pipeline_alone(tmp_path):
+  # Session-wide auto-clustering would compile the pipeline's functions and
+  # fail on their run-time shapes; only the network is compiled.
+  info = bench.write_synthetic_dataset(str(tmp_path), num_images=2,
+                                       num_shards=1, size=(40, 50))
+  preprocess_options = config.PreprocessOptions(
+      crop_size=(CROP, CROP), min_scale_factor=0.5, max_scale_factor=2.0)
+
+  def input_fn():
+    dataset = pipeline.make_dataset(str(tmp_path), 'train', info,
+                                    preprocess_options, BATCH,
+                                    is_training=True, seed=1)
+    return tf.data.make_one_shot_iterator(dataset).get_next()
+  options = _model_options().replace(num_classes=info.num_classes)
+  g = graph_lib.build_training_graph(
+      options, _train_options(use_xla=True), ignore_label=255,
+      input_fn=input_fn)
+  losses = _train_losses(g, session_lib.make_session_config(), 2)
+  assert all(np.isfinite(losses))
 
 
 def test_bf16_checkpoint_loads_into_fp32_eval_graph(tmp_path):
@@ -302,8 +339,6 @@ def test_train_options_validate_speed_fields():
   cfg = session_lib.from_train_options(options)
   rewrite = cfg.graph_options.rewrite_options
   assert rewrite.auto_mixed_precision_onednn_bfloat16 == 1
-  assert (cfg.graph_options.optimizer_options.global_jit_level ==
-          tf.OptimizerOptions.ON_1)
   assert (cfg.intra_op_parallelism_threads,
           cfg.inter_op_parallelism_threads) == (1, 0)
 
@@ -317,6 +352,70 @@ def test_deeplab_train_flags_reach_the_options():
   assert options.use_xla
   assert options.intra_op_parallelism_threads == 2
   assert options.inter_op_parallelism_threads is None
+
+
+# ---------------------------------------------------------------------------
+# The fused scale + pad + crop of the training pipeline.
+# ---------------------------------------------------------------------------
+def _reference_scale_pad_crop(image, label, scale, crop, mean, ignore, seed):
+  """Scale the whole image, pad, crop: the unfused steps."""
+  image, label = preprocess.scale_image_and_label(
+      tf.cast(image, tf.float32), tf.cast(label, tf.int32), scale)
+  height, width = tf.shape(image)[0], tf.shape(image)[1]
+  target_h = tf.maximum(height, crop[0])
+  target_w = tf.maximum(width, crop[1])
+  image = preprocess.pad_to_size(image, target_h, target_w,
+                                 tf.reshape(tf.constant(mean), [1, 1, 3]))
+  label = preprocess.pad_to_size(label, target_h, target_w, ignore)
+  return preprocess.random_crop(image, label, crop[0], crop[1], seed)
+
+
+@pytest.mark.parametrize('size,crop,scale', [
+    ((60, 90), (33, 33), 1.75),   # scaled image larger: window path
+    ((47, 35), (33, 65), 1.25),   # partly padded
+    ((20, 26), (33, 33), 0.5),    # smaller than the crop: whole-image path
+    ((41, 33), (33, 33), 1.0),    # python float 1.0
+    ((1, 40), (33, 33), 1.5),     # one row
+])
+def test_fused_scale_pad_crop_equals_unfused(size, crop, scale):
+  rng = np.random.RandomState(sum(size))
+  image = tf.constant(rng.randint(0, 256, size + (3,)).astype(np.uint8))
+  label = tf.constant(rng.randint(0, 5, size + (1,)).astype(np.uint8))
+  mean = (123.15, 115.9, 103.06)
+  for i in range(4):
+    seed = tf.constant([i, 7])
+    scale_t = scale if scale == 1.0 else tf.constant(scale)
+    want = _reference_scale_pad_crop(image, label, scale_t, crop, mean, 255,
+                                     seed)
+    got = preprocess.scale_pad_and_crop(image, label, scale_t, crop[0],
+                                        crop[1], mean, 255, seed)
+    np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
+    np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
+    assert got[0].dtype == tf.float32 and got[1].dtype == tf.int32
+
+
+def test_fused_window_path_matches_on_random_scales():
+  # Many scales and windows through the window path only (the larger
+  # images), in a graph as the pipeline runs it.
+  rng = np.random.RandomState(3)
+  cases = []
+  with tf.Graph().as_default():
+    for i in range(12):
+      size = (int(rng.randint(40, 120)), int(rng.randint(40, 120)))
+      image = tf.constant(rng.randint(0, 256, size + (3,)).astype(np.uint8))
+      label = tf.constant(rng.randint(0, 21, size + (1,)).astype(np.uint8))
+      scale = tf.constant(float(rng.uniform(0.9, 2.0)))
+      seed = tf.constant([i, 1])
+      cases.append((
+          preprocess.scale_pad_and_crop(image, label, scale, 33, 41,
+                                        (127.5,) * 3, 255, seed),
+          _reference_scale_pad_crop(image, label, scale, (33, 41),
+                                    (127.5,) * 3, 255, seed)))
+    with tf.Session() as sess:
+      for got, want in sess.run(cases):
+        # Graph rewrites may fuse the float ops differently (1 ulp).
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-4)
+        np.testing.assert_array_equal(got[1], want[1])
 
 
 # ---------------------------------------------------------------------------

@@ -146,6 +146,7 @@ def build_job(tmp_dir):
 
 
 def bench_options():
+  """BenchOptions from the --bench_* flags."""
   return bench.BenchOptions(
       warmup_steps=FLAGS.bench_warmup_steps, steps=FLAGS.bench_steps,
       trace_steps=FLAGS.bench_trace_steps,

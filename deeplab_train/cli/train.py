@@ -177,12 +177,14 @@ flags.DEFINE_integer('quantize_delay_step', -1,
                      'accepted).')
 
 # Speed (see deeplab-bench to measure them).
-flags.DEFINE_enum('mixed_precision', 'none', list(config.MIXED_PRECISION_MODES),
+flags.DEFINE_enum('mixed_precision', 'none',
+                  list(config.MIXED_PRECISION_MODES),
                   'Low-precision compute with fp32 variables, logits and '
                   'loss: bf16 (CPUs with AVX512_BF16/AMX; oneDNN rewrite) or '
                   'fp16 (GPUs; with dynamic loss scaling).')
 flags.DEFINE_boolean('use_xla', False,
-                     'Compile the graph with XLA (auto-clustering).')
+                     'Compile the network and its gradients with XLA (for '
+                     'GPUs; on CPUs XLA is about 10x slower here).')
 flags.DEFINE_integer('intra_op_parallelism_threads', None,
                      'Threads inside one op (unset: every usable core; 0: '
                      'TensorFlow decides).')

@@ -184,6 +184,18 @@ def _device_scope(device):
   return tf.device(device) if device is not None else contextlib.nullcontext()
 
 
+def _xla_scope(use_xla):
+  """XLA compilation of the network and its gradients (--use_xla), or none.
+
+  Only the network is marked for compilation: session-wide auto-clustering
+  would also take the input pipeline's functions and the loss's hard-pixel
+  mining, whose shapes are only known at run time, and fail on them.
+  """
+  if not use_xla:
+    return contextlib.nullcontext()
+  return tf.xla.experimental.jit_scope(compile_ops=True)
+
+
 def _tower_fn(shares, model_fn, num_classes, ignore_label, train_options,
               global_step):
   """fn(i) building tower i's network and loss on its share of the batch."""
@@ -197,7 +209,8 @@ def _tower_fn(shares, model_fn, num_classes, ignore_label, train_options,
   def tower_fn(i):
     image = tf.identity(shares[i]['image'], name='image')
     label = tf.identity(shares[i]['label'], name='label')
-    scales_to_logits = model_fn(image)
+    with _xla_scope(train_options.use_xla):
+      scales_to_logits = model_fn(image)
     data_loss, per_scale = losses.scales_loss(
         scales_to_logits, label, num_classes, ignore_label, **loss_kwargs)
     merged = tf.identity(scales_to_logits['merged_logits'], name='semantic')

@@ -1,13 +1,15 @@
-"""The session ConfigProto of a training run: threads, XLA, mixed precision.
+"""The session ConfigProto of a training run: threads and mixed precision.
 
-Speed settings live in the session config rather than in the graph, so one
-training graph (fp32 variables, fp32 loss) serves every setting and the
-checkpoints do not depend on them:
+These speed settings live in the session config rather than in the graph,
+so one training graph (fp32 variables, fp32 loss) serves every setting and
+the checkpoints do not depend on them:
 
 - threads: intra-op (inside one op, e.g. a convolution) and inter-op
   (independent ops at once) thread pools sized to the usable cores;
-- XLA: grappler's auto-clustering (`global_jit_level=ON_1`); on CPU it also
-  needs `cpu_global_jit`, without which only GPU ops are clustered;
+- XLA: not here. `--use_xla` marks the network (and its gradients) for
+  compilation in the graph (see train/graph.py): session-wide
+  auto-clustering (`global_jit_level`, plus `cpu_global_jit` on CPU) also
+  clusters the tf.data functions, and fails on their run-time shapes;
 - mixed precision: grappler's automatic mixed-precision rewrite, which
   casts the compute of convolutions, matmuls and their neighbours to a
   16-bit type while variables stay fp32 and numerically sensitive ops
@@ -46,15 +48,14 @@ def validate_mixed_precision(mode):
   return mode
 
 
-def make_session_config(mixed_precision='none', use_xla=False,
-                        intra_op_threads=None, inter_op_threads=None,
-                        allow_soft_placement=True, cpu_devices=None):
+def make_session_config(mixed_precision='none', intra_op_threads=None,
+                        inter_op_threads=None, allow_soft_placement=True,
+                        cpu_devices=None):
   """Builds the tf.ConfigProto of a training (or benchmark) session.
 
   Args:
     mixed_precision: 'none', 'bf16' (oneDNN bfloat16 rewrite, CPU) or
       'fp16' (float16 rewrite, GPU).
-    use_xla: XLA auto-clustering of the graph (GPU and CPU).
     intra_op_threads: threads inside one op; None: every usable core;
       0: TensorFlow's choice.
     inter_op_threads: ops run at once; None: every usable core; 0:
@@ -81,10 +82,6 @@ def make_session_config(mixed_precision='none', use_xla=False,
                           inter_op_parallelism_threads=inter)
   if cpu_devices:
     config.device_count['CPU'] = cpu_devices
-  if use_xla:
-    optimizer_options = config.graph_options.optimizer_options
-    optimizer_options.global_jit_level = tf.OptimizerOptions.ON_1
-    optimizer_options.cpu_global_jit = True
   rewrite = config.graph_options.rewrite_options
   on = rewriter_config_pb2.RewriterConfig.ON
   if mixed_precision == 'bf16':
@@ -100,14 +97,14 @@ def from_train_options(train_options, cpu_devices=None):
   """The session config of `make_session_config` for a TrainOptions.
 
   Args:
-    train_options: TrainOptions (mixed_precision, use_xla, thread counts).
+    train_options: TrainOptions (mixed_precision, thread counts).
     cpu_devices: number of CPU devices, or None.
 
   Returns:
     A tf.ConfigProto.
   """
   return make_session_config(
-      train_options.mixed_precision, train_options.use_xla,
+      train_options.mixed_precision,
       intra_op_threads=train_options.intra_op_parallelism_threads,
       inter_op_threads=train_options.inter_op_parallelism_threads,
       cpu_devices=cpu_devices)
