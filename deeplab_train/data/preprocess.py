@@ -226,14 +226,24 @@ def _scale_pad_and_crop_whole(image, label, scale, crop_height, crop_width,
   """Scales the whole image, pads it to the crop size, then crops."""
   image, label = scale_image_and_label(tf.cast(image, tf.float32),
                                        tf.cast(label, tf.int32), scale)
+  image, label = _pad_to_at_least(image, label, crop_height, crop_width,
+                                  mean_pixel, ignore_label)
+  return random_crop(image, label, crop_height, crop_width, seed)
+
+
+def _pad_to_at_least(image, label, crop_height, crop_width, mean_pixel,
+                     ignore_label):
+  """Pads bottom/right to at least the crop size: image with the mean
+  pixel, label (may be None) with the ignore label."""
   height, width = _shape_hw(image)
   target_height = tf.maximum(height, crop_height)
   target_width = tf.maximum(width, crop_width)
   image = pad_to_size(image, target_height, target_width,
                       tf.reshape(tf.constant(mean_pixel, tf.float32),
                                  [1, 1, 3]))
-  label = pad_to_size(label, target_height, target_width, ignore_label)
-  return random_crop(image, label, crop_height, crop_width, seed)
+  if label is not None:
+    label = pad_to_size(label, target_height, target_width, ignore_label)
+  return image, label
 
 
 def _scale_pad_and_crop_window(image, label, scale, crop_height, crop_width,
@@ -384,14 +394,8 @@ def preprocess_image_and_label(image, label, options, ignore_label=255,
   if crop_size is not None and not is_training:
     crop_height, crop_width = crop_size
     image = _check_fits_crop(image, crop_height, crop_width, name)
-    height, width = _shape_hw(image)
-    target_height = tf.maximum(height, crop_height)
-    target_width = tf.maximum(width, crop_width)
-    image = pad_to_size(image, target_height, target_width,
-                        tf.reshape(tf.constant(mean_pixel, tf.float32),
-                                   [1, 1, 3]))
-    if label is not None:
-      label = pad_to_size(label, target_height, target_width, ignore_label)
+    image, label = _pad_to_at_least(image, label, crop_height, crop_width,
+                                    mean_pixel, ignore_label)
 
   if crop_size is not None:
     image.set_shape([crop_height, crop_width, 3])
