@@ -1,1 +1,9 @@
-"""evaluation package."""
+"""Evaluation and visualisation behind `deeplab-eval` and `deeplab-vis`.
+
+  metrics     confusion matrix (ignore label excluded), mIoU, per-class IoU,
+              pixel accuracy
+  predictor   restores a checkpoint into an inference graph (multi-scale,
+              flips) for any image size
+  eval_loop   run-once and follow-a-logdir evaluation, tables, JSON, summaries
+  vis         coloured prediction PNGs, raw label PNGs, overlays
+"""
