@@ -5,11 +5,11 @@
 # export a frozen graph + SavedModel. Outputs go under ${WORK:-work/demo}.
 # Re-running resumes: a finished training run is not repeated.
 #
-# Environment overrides: WORK, STEPS (default 1500), MIN_MIOU (default 0.7).
+# Environment overrides: WORK, STEPS (default 3000), MIN_MIOU (default 0.7).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK="${WORK:-work/demo}"
-STEPS="${STEPS:-1500}"
+STEPS="${STEPS:-3000}"
 MIN_MIOU="${MIN_MIOU:-0.7}"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 DATA=data
