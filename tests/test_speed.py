@@ -87,8 +87,8 @@ def _train_losses(g, session_config, steps, after=None):
   return losses
 
 
-def _partition_dtypes(g, session_config):
-  """{(op type, dtype name)} of the graph as rewritten by grappler."""
+def _partition_graphs(g, session_config):
+  """The graphs one training step ran (after rewrites and XLA clustering)."""
   with g['graph'].as_default():
     init = tf.global_variables_initializer()
   with tf.Session(graph=g['graph'], config=session_config) as sess:
@@ -97,8 +97,13 @@ def _partition_dtypes(g, session_config):
     sess.run(g['train_op'],
              options=tf.RunOptions(output_partition_graphs=True),
              run_metadata=metadata)
+  return metadata.partition_graphs
+
+
+def _partition_dtypes(g, session_config):
+  """{(op type, dtype name)} of the graph as rewritten by grappler."""
   found = set()
-  for partition in metadata.partition_graphs:
+  for partition in _partition_graphs(g, session_config):
     for node in partition.node:
       if 'T' in node.attr:
         found.add((node.op, tf.as_dtype(node.attr['T'].type).name))
@@ -165,15 +170,7 @@ def test_bf16_rewrite_keeps_loss_fp32_and_loss_falls():
 
 def _run_ops(g, session_config):
   """Op types of the graph as run (after rewrites and XLA clustering)."""
-  with g['graph'].as_default():
-    init = tf.global_variables_initializer()
-  with tf.Session(graph=g['graph'], config=session_config) as sess:
-    sess.run(init)
-    metadata = tf.RunMetadata()
-    sess.run(g['train_op'],
-             options=tf.RunOptions(output_partition_graphs=True),
-             run_metadata=metadata)
-  return {n.op for p in metadata.partition_graphs for n in p.node}
+  return {n.op for p in _partition_graphs(g, session_config) for n in p.node}
 
 
 def test_xla_training_step_compiles_and_loss_falls():
