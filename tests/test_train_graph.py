@@ -129,9 +129,9 @@ def test_batch_norm_updates_of_tower_0_run_with_the_train_op():
       options, train, ignore_label=255,
       input_fn=tt.constant_input_fn(images, labels),
       device_pattern='/cpu:%d')
-  updates0, updates1 = [[u if isinstance(u, tf.Operation) else u.op
-                         for u in t.update_ops] for t in g['towers']]
+  updates0, updates1 = [t.update_ops for t in g['towers']]
   assert updates0 and updates1
+  assert all(isinstance(op, tf.Operation) for op in updates0 + updates1)
   assert all(op.name.startswith('tower_0/') for op in updates0)
   waits_for = _control_inputs(g['train_op'])
   assert set(updates0) <= waits_for

@@ -106,7 +106,10 @@ def _record_loss(loss):
     rec.regularization_losses.append(loss)
 
 
-def _record_update(op):
+def _record_update(update):
+  # An assign to a resource variable returns a variable-like value, not an
+  # Operation: record the assign op itself so callers can group the list.
+  op = update if isinstance(update, tf.Operation) else update.op
   for rec in _recorders():
     rec.update_ops.append(op)
 

@@ -78,12 +78,6 @@ def _split_batch(samples, num_clones, batch_size):
   return [{'image': i, 'label': l} for i, l in zip(images, labels)]
 
 
-def _as_ops(updates):
-  """Operations of update results (an assign to a resource variable
-  returns a variable-like object, whose .op is the assign)."""
-  return [u if isinstance(u, tf.Operation) else u.op for u in updates]
-
-
 def _image_summaries(tower, num_classes):
   """The original's sample images: input, label and prediction."""
   out = tower.outputs
@@ -268,7 +262,7 @@ def _add_train_op(g, train_options, cpu, wrap_optimizer=None):
       apply_op = scale.apply_gradients(optimizer, g['grads_and_vars'],
                                        global_step=g['global_step'])
     # BN moving averages are updated from tower 0's batch, as the original.
-    g['train_op'] = tf.group(apply_op, *_as_ops(towers[0].update_ops),
+    g['train_op'] = tf.group(apply_op, *towers[0].update_ops,
                              name='train_op')
     with tf.control_dependencies([g['train_op']]):
       g['step_after'] = tf.identity(g['global_step'].read_value(),
