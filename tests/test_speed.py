@@ -13,6 +13,7 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train import bench
 from deeplab_train import config
+from deeplab_train.config import PreprocessOptions
 from deeplab_train.cli import bench as bench_cli
 from deeplab_train.cli import train as train_cli
 from deeplab_train.data import pipeline
@@ -354,8 +355,9 @@ def test_deeplab_train_flags_reach_the_options():
 # ---------------------------------------------------------------------------
 # The fused scale + pad + crop of the training pipeline.
 # ---------------------------------------------------------------------------
-def _reference_scale_pad_crop(image, label, scale, crop, mean, ignore, seed):
-  """Scale the whole image, pad, crop: the unfused steps."""
+def _reference_scale_pad_crop(image, label, scale, crop, mean, ignore, seed,
+                              flip=False):
+  """Scale the whole image, pad, crop, flip: the unfused steps."""
   image, label = preprocess.scale_image_and_label(
       tf.cast(image, tf.float32), tf.cast(label, tf.int32), scale)
   height, width = tf.shape(image)[0], tf.shape(image)[1]
@@ -364,7 +366,10 @@ def _reference_scale_pad_crop(image, label, scale, crop, mean, ignore, seed):
   image = preprocess.pad_to_size(image, target_h, target_w,
                                  tf.reshape(tf.constant(mean), [1, 1, 3]))
   label = preprocess.pad_to_size(label, target_h, target_w, ignore)
-  return preprocess.random_crop(image, label, crop[0], crop[1], seed)
+  image, label = preprocess.random_crop(image, label, crop[0], crop[1], seed)
+  if flip:
+    image, label = tf.reverse(image, [1]), tf.reverse(label, [1])
+  return image, label
 
 
 @pytest.mark.parametrize('size,crop,scale', [
@@ -378,14 +383,17 @@ def test_fused_scale_pad_crop_equals_unfused(size, crop, scale):
   rng = np.random.RandomState(sum(size))
   image = tf.constant(rng.randint(0, 256, size + (3,)).astype(np.uint8))
   label = tf.constant(rng.randint(0, 5, size + (1,)).astype(np.uint8))
-  mean = (123.15, 115.9, 103.06)
-  for i in range(4):
+  for i in range(8):
+    # Per-channel and single-value padding, flipped and not.
+    mean = (123.15, 115.9, 103.06) if i % 4 < 2 else (127.5,) * 3
+    flip = i % 2 == 1
     seed = tf.constant([i, 7])
     scale_t = scale if scale == 1.0 else tf.constant(scale)
     want = _reference_scale_pad_crop(image, label, scale_t, crop, mean, 255,
-                                     seed)
+                                     seed, flip)
     got = preprocess.scale_pad_and_crop(image, label, scale_t, crop[0],
-                                        crop[1], mean, 255, seed)
+                                        crop[1], mean, 255, seed,
+                                        flip=tf.constant(flip))
     np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
     np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
     assert got[0].dtype == tf.float32 and got[1].dtype == tf.int32
@@ -403,16 +411,56 @@ def test_fused_window_path_matches_on_random_scales():
       label = tf.constant(rng.randint(0, 21, size + (1,)).astype(np.uint8))
       scale = tf.constant(float(rng.uniform(0.9, 2.0)))
       seed = tf.constant([i, 1])
+      flip = bool(i % 2)
       cases.append((
           preprocess.scale_pad_and_crop(image, label, scale, 33, 41,
-                                        (127.5,) * 3, 255, seed),
+                                        (127.5,) * 3, 255, seed,
+                                        flip=tf.constant(flip)),
           _reference_scale_pad_crop(image, label, scale, (33, 41),
-                                    (127.5,) * 3, 255, seed)))
+                                    (127.5,) * 3, 255, seed, flip)))
     with tf.Session() as sess:
       for got, want in sess.run(cases):
         # Graph rewrites may fuse the float ops differently (1 ulp).
         np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-4)
         np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_pad_to_size_left_and_per_channel():
+  tensor = tf.reshape(tf.range(6, dtype=tf.float32), [1, 2, 3])
+  right = preprocess.pad_to_size(tensor, 2, 3, (9.0, 9.0, 9.0)).numpy()
+  left = preprocess.pad_to_size(tensor, 2, 3, 9.0,
+                                pad_left=tf.constant(True)).numpy()
+  np.testing.assert_array_equal(right[0, :2], tensor[0].numpy())
+  np.testing.assert_array_equal(left[0, 1:], tensor[0].numpy())
+  assert (right[0, 2] == 9).all() and (left[0, 0] == 9).all()
+  assert (right[1] == 9).all() and (left[1] == 9).all()
+  channels = preprocess.pad_to_size(tensor, 1, 3, (1.5, 2.5, 3.5)).numpy()
+  np.testing.assert_array_equal(channels[0, 2], [1.5, 2.5, 3.5])
+
+
+def test_training_preprocess_flips_the_same_as_before_the_fusion():
+  # The pipeline's one call (scale, crop and flip fused) against the
+  # separate steps driven by the same seeds: half of the seeds flip.
+  rng = np.random.RandomState(5)
+  image = tf.constant(rng.randint(0, 256, (90, 70, 3)).astype(np.uint8))
+  label = tf.constant(rng.randint(0, 21, (90, 70, 1)).astype(np.uint8))
+  options = PreprocessOptions(crop_size=(33, 33), min_scale_factor=0.5,
+                              max_scale_factor=2.0,
+                              scale_factor_step_size=0.25)
+  flips = 0
+  for i in range(10):
+    seed = tf.constant([i, 3], tf.int64)
+    _, got_image, got_label = preprocess.preprocess_image_and_label(
+        image, label, options, seed=seed)
+    seeds = tf.random.experimental.stateless_split(seed, 3)
+    scale = preprocess.random_scale_factor(0.5, 2.0, 0.25, seeds[0])
+    flip = bool(preprocess.random_flip_decision(seeds[2]))
+    flips += flip
+    want = _reference_scale_pad_crop(image, label, scale, (33, 33),
+                                     (127.5,) * 3, 255, seeds[1], flip)
+    np.testing.assert_array_equal(got_image.numpy(), want[0].numpy())
+    np.testing.assert_array_equal(got_label.numpy(), want[1].numpy())
+  assert 0 < flips < 10
 
 
 # ---------------------------------------------------------------------------

@@ -111,19 +111,38 @@ def _assert_same_size(image, label, name):
                     name, image_hw, label_hw])
 
 
+def _invalid_ids(ids, num_classes, ignore_label):
+  """Where `ids` (any integer type, compared in that type: no cast of the
+  whole label) are outside [0, num_classes) and not the ignore label."""
+  dtype = ids.dtype
+  if num_classes > dtype.max:
+    invalid = tf.zeros_like(ids, tf.bool)
+  else:
+    invalid = ids >= tf.cast(num_classes, dtype)
+    if dtype.min <= ignore_label <= dtype.max:
+      invalid = tf.logical_and(invalid,
+                               tf.not_equal(ids, tf.cast(ignore_label, dtype)))
+  if dtype.min < 0:
+    invalid = tf.logical_or(invalid, ids < 0)
+  return invalid
+
+
 def label_range_assertion(label, name, num_classes, ignore_label):
   """An Assert op failing when `label` holds ids outside the valid set.
 
   The message names the image and lists the offending values, with a hint
   for the classic mistake (palette PNGs stored as-is decode to grey levels).
   """
-  flat = tf.reshape(tf.cast(label, tf.int32), [-1])
-  valid = tf.logical_or(tf.logical_and(flat >= 0, flat < num_classes),
-                        tf.equal(flat, ignore_label))
-  all_valid = tf.reduce_all(valid)
-  bad_values = tf.cond(
-      all_valid, lambda: tf.zeros([0], tf.int32),
-      lambda: tf.unique(tf.boolean_mask(flat, tf.logical_not(valid)))[0])
+  flat = tf.reshape(label, [-1])
+  all_valid = tf.logical_not(tf.reduce_any(_invalid_ids(flat, num_classes,
+                                                        ignore_label)))
+  # The offending values are looked for only when there are some.
+  def bad_values():
+    flat_ids = tf.cast(flat, tf.int32)
+    invalid = _invalid_ids(flat_ids, num_classes, ignore_label)
+    return tf.unique(tf.boolean_mask(flat_ids, invalid))[0]
+  bad_values = tf.cond(all_valid, lambda: tf.zeros([0], tf.int32),
+                       bad_values)
   message = (
       'label values outside [0, %d) and not the ignore label %d (a colour '
       'palette PNG stored as-is decodes to grey levels 38, 75, ...: rebuild '

@@ -13,7 +13,8 @@ same resize methods and corner alignment, same random choices):
    probability 0.5.
 
 In training, steps 2-4 run fused (`scale_pad_and_crop`): only the pixels of
-the crop window are interpolated, with the same result.
+the crop window are interpolated, and the flip only reorders the columns
+sampled, with the same result.
 
 Images are resized bilinearly and labels by nearest neighbour, both with
 `align_corners=True`. Randomness comes from stateless ops driven by a
@@ -142,16 +143,40 @@ def scale_image_and_label(image, label, scale):
   return image, label
 
 
-def pad_to_size(tensor, target_height, target_width, pad_value):
-  """Pads bottom and right of [H, W, C] up to the target size.
+def pad_to_size(tensor, target_height, target_width, pad_value,
+                pad_left=False):
+  """Pads the bottom and the right (or left) of [H, W, C] up to the target.
 
-  A per-channel `pad_value` is applied by padding `tensor - pad_value` with
-  zeros and adding it back (exact for the 0.5-step values of images).
+  Args:
+    tensor: [H, W, C].
+    target_height / target_width: the padded size (>= H, W).
+    pad_value: a number, a per-channel sequence of numbers, or a tensor
+      broadcastable to [1, 1, C].
+    pad_left: pad on the left instead of the right (bool or bool tensor;
+      for flipped windows).
+
+  Values inside stay exactly as they are. (The original padded
+  `tensor - pad_value` with zeros and added `pad_value` back, which rounds
+  interpolated pixels by up to one float32 ulp, 1.5e-5 at 255; the
+  direct padding here also saves two passes over the image.)
   """
   height, width = _shape_hw(tensor)
-  paddings = [[0, target_height - height], [0, target_width - width], [0, 0]]
-  pad_value = tf.cast(pad_value, tensor.dtype)
-  return tf.pad(tensor - pad_value, paddings) + pad_value
+  extra_width = target_width - width
+  columns = [0, extra_width]
+  if pad_left is not False:
+    columns = tf.where(pad_left, [extra_width, 0], [0, extra_width])
+  paddings = tf.stack([[0, target_height - height], columns, [0, 0]])
+  if isinstance(pad_value, (tuple, list)) and len(set(pad_value)) == 1:
+    pad_value = pad_value[0]
+  if isinstance(pad_value, (int, float)):
+    return tf.pad(tensor, paddings,
+                  constant_values=tf.cast(pad_value, tensor.dtype))
+  if isinstance(pad_value, (tuple, list)):
+    pad_value = tf.reshape(tf.constant(pad_value, tf.float32), [1, 1, -1])
+  # Per-channel values: 1 where padded, times the value, added to zeros.
+  padded = tf.pad(tf.zeros_like(tensor[:, :, :1]), paddings,
+                  constant_values=tf.cast(1, tensor.dtype))
+  return tf.pad(tensor, paddings) + padded * tf.cast(pad_value, tensor.dtype)
 
 
 def random_crop_offsets(height, width, crop_height, crop_width, seed):
@@ -191,7 +216,14 @@ def _source_coordinates(start, size, in_size, out_size):
 
 def _bilinear_window(image, rows, cols):
   """ResizeBilinear (align_corners) evaluated at the given source rows and
-  columns only: float32 [len(rows), len(cols), C]."""
+  columns only: float32 [len(rows), len(cols), C].
+
+  As the kernel does, each output is the vertical interpolation of two
+  horizontally interpolated source rows. The horizontal step runs once per
+  source row of the band that `rows` reach (fewer rows than the output
+  when enlarging), then the two rows of each output row are gathered.
+  `rows` must be increasing; `cols` may run either way (a flipped window).
+  """
   height, width = _shape_hw(image)
   def taps(coords, size):
     low = tf.floor(coords)
@@ -199,13 +231,13 @@ def _bilinear_window(image, rows, cols):
     return tf.maximum(tf.cast(low, tf.int32), 0), upper, coords - low
   top, bottom, y_lerp = taps(rows, height)
   left, right, x_lerp = taps(cols, width)
-  x_lerp = x_lerp[tf.newaxis, :, tf.newaxis]
-  def x_interpolated(row_index):
-    lines = tf.gather(image, row_index)
-    lefts = tf.cast(tf.gather(lines, left, axis=1), tf.float32)
-    rights = tf.cast(tf.gather(lines, right, axis=1), tf.float32)
-    return lefts + (rights - lefts) * x_lerp
-  upper, lower = x_interpolated(top), x_interpolated(bottom)
+  first_row = top[0]
+  band = image[first_row:bottom[-1] + 1]
+  lefts = tf.cast(tf.gather(band, left, axis=1), tf.float32)
+  rights = tf.cast(tf.gather(band, right, axis=1), tf.float32)
+  lines = lefts + (rights - lefts) * x_lerp[tf.newaxis, :, tf.newaxis]
+  upper = tf.gather(lines, top - first_row)
+  lower = tf.gather(lines, bottom - first_row)
   return upper + (lower - upper) * y_lerp[:, tf.newaxis, tf.newaxis]
 
 
@@ -221,14 +253,33 @@ def _nearest_window(label, rows, cols):
                    nearest(cols, width), axis=1)
 
 
+def random_flip_decision(seed, probability=FLIP_PROBABILITY):
+  """A bool scalar, True with `probability` (stateless, from `seed`)."""
+  return tf.random.stateless_uniform([], seed) <= probability
+
+
+def random_flip_left_right(image, label, seed, probability=FLIP_PROBABILITY):
+  """Flips both horizontally with `probability` (the same decision)."""
+  return _flip_if(random_flip_decision(seed, probability), image, label)
+
+
+def _flip_if(flip, image, label):
+  if flip is False:
+    return image, label
+  return tf.cond(flip,
+                 lambda: (tf.reverse(image, [1]), tf.reverse(label, [1])),
+                 lambda: (image, label))
+
+
 def _scale_pad_and_crop_whole(image, label, scale, crop_height, crop_width,
-                              mean_pixel, ignore_label, seed):
-  """Scales the whole image, pads it to the crop size, then crops."""
+                              mean_pixel, ignore_label, seed, flip):
+  """Scales the whole image, pads it to the crop size, crops, flips."""
   image, label = scale_image_and_label(tf.cast(image, tf.float32),
                                        tf.cast(label, tf.int32), scale)
   image, label = _pad_to_at_least(image, label, crop_height, crop_width,
                                   mean_pixel, ignore_label)
-  return random_crop(image, label, crop_height, crop_width, seed)
+  image, label = random_crop(image, label, crop_height, crop_width, seed)
+  return _flip_if(flip, image, label)
 
 
 def _pad_to_at_least(image, label, crop_height, crop_width, mean_pixel,
@@ -238,18 +289,19 @@ def _pad_to_at_least(image, label, crop_height, crop_width, mean_pixel,
   height, width = _shape_hw(image)
   target_height = tf.maximum(height, crop_height)
   target_width = tf.maximum(width, crop_width)
-  image = pad_to_size(image, target_height, target_width,
-                      tf.reshape(tf.constant(mean_pixel, tf.float32),
-                                 [1, 1, 3]))
+  image = pad_to_size(image, target_height, target_width, mean_pixel)
   if label is not None:
     label = pad_to_size(label, target_height, target_width, ignore_label)
   return image, label
 
 
 def _scale_pad_and_crop_window(image, label, scale, crop_height, crop_width,
-                               mean_pixel, ignore_label, seed):
-  """The same result, interpolating only the pixels inside the window."""
+                               mean_pixel, ignore_label, seed, flip):
+  """The same result, interpolating only the pixels inside the window.
 
+  A flip reverses the window's source columns before interpolating and
+  moves the padding to the left, so it costs no pass over the pixels.
+  """
   height, width = _shape_hw(image)
   # The scaled size, computed as scale_image_and_label does.
   scaled = tf.cast(tf.cast(tf.stack([height, width]), tf.float32) * scale,
@@ -263,23 +315,24 @@ def _scale_pad_and_crop_window(image, label, scale, crop_height, crop_width,
   cols_inside = tf.minimum(scaled_width - left, crop_width)
   rows = _source_coordinates(top, rows_inside, height, scaled_height)
   cols = _source_coordinates(left, cols_inside, width, scaled_width)
+  if flip is not False:
+    cols = tf.where(flip, tf.reverse(cols, [0]), cols)
   image = pad_to_size(_bilinear_window(image, rows, cols), crop_height,
-                      crop_width, tf.reshape(tf.constant(mean_pixel,
-                                                         tf.float32),
-                                             [1, 1, 3]))
+                      crop_width, mean_pixel, pad_left=flip)
   label = pad_to_size(tf.cast(_nearest_window(label, rows, cols), tf.int32),
-                      crop_height, crop_width, ignore_label)
+                      crop_height, crop_width, ignore_label, pad_left=flip)
   return image, label
 
 
 def scale_pad_and_crop(image, label, scale, crop_height, crop_width,
-                       mean_pixel, ignore_label, seed):
-  """`scale_image_and_label`, `pad_to_size` and `random_crop` in one step.
+                       mean_pixel, ignore_label, seed, flip=False):
+  """`scale_image_and_label`, `pad_to_size`, `random_crop` and optionally
+  the left-right flip in one step.
 
   When the scaled image is larger than the crop, only the pixels inside the
   crop window are interpolated (with the resize kernels' own arithmetic, so
-  the output is the same), and the cost no longer grows with the image size
-  times the scale squared: about 1.5x the images/s on VOC-sized images.
+  the output is the same), the flip is folded into the columns sampled, and
+  the cost no longer grows with the image size times the scale squared.
   Smaller images take the whole-image path, which is faster for them.
 
   Args:
@@ -287,30 +340,24 @@ def scale_pad_and_crop(image, label, scale, crop_height, crop_width,
     label: integer [H, W, 1].
     scale: python float or float32 scalar tensor.
     crop_height / crop_width: the crop size.
-    mean_pixel: RGB padding value of the image.
+    mean_pixel: RGB padding value of the image (numbers).
     ignore_label: padding value of the label.
     seed: int tensor [2] choosing the window (as `random_crop` does).
+    flip: False, or a bool scalar tensor: flip the crop left-right (as
+      `random_flip_left_right` after the crop).
 
   Returns:
     (image float32 [crop_height, crop_width, 3],
      label int32 [crop_height, crop_width, 1]).
   """
   args = (image, label, scale, crop_height, crop_width, mean_pixel,
-          ignore_label, seed)
+          ignore_label, seed, flip)
   height, width = _shape_hw(image)
   scaled_area = (tf.cast(height, tf.float32) * tf.cast(width, tf.float32) *
                  scale * scale)
   return tf.cond(scaled_area > crop_height * crop_width,
                  lambda: _scale_pad_and_crop_window(*args),
                  lambda: _scale_pad_and_crop_whole(*args))
-
-
-def random_flip_left_right(image, label, seed, probability=FLIP_PROBABILITY):
-  """Flips both horizontally with `probability` (the same decision)."""
-  do_flip = tf.random.stateless_uniform([], seed) <= probability
-  return tf.cond(do_flip,
-                 lambda: (tf.reverse(image, [1]), tf.reverse(label, [1])),
-                 lambda: (image, label))
 
 
 def _check_fits_crop(image, crop_height, crop_width, name):
@@ -381,11 +428,11 @@ def preprocess_image_and_label(image, label, options, ignore_label=255,
                                 options.max_scale_factor,
                                 options.scale_factor_step_size, seeds[0])
     crop_height, crop_width = crop_size
-    # Scale, pad and crop fused: only the crop window is interpolated.
-    image, label = scale_pad_and_crop(image, label, scale, crop_height,
-                                      crop_width, mean_pixel, ignore_label,
-                                      seeds[1])
-    image, label = random_flip_left_right(image, label, seeds[2])
+    # Scale, pad, crop and flip fused: only the crop window is
+    # interpolated.
+    image, label = scale_pad_and_crop(
+        image, label, scale, crop_height, crop_width, mean_pixel,
+        ignore_label, seeds[1], flip=random_flip_decision(seeds[2]))
   else:
     image = tf.cast(image, tf.float32)
     if label is not None:
