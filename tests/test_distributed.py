@@ -288,7 +288,8 @@ def test_cluster_graph_puts_variables_on_ps_and_compute_on_the_worker():
   assert len(saves) == 2
   assert {_job_task(op.device) for op in saves} == {('worker', 1)}
   tower1 = [op for op in g['graph'].get_operations()
-            if op.name.startswith('tower_1/') and op.type == 'Conv2D']
+            if op.name.startswith('tower_1/') and
+            op.type in ('Conv2D', 'MatMul')]
   assert tower1 and all('CPU:0' in op.device for op in tower1)
   assert isinstance(g['optimizer'], tf.train.SyncReplicasOptimizer)
 

@@ -208,7 +208,7 @@ def test_image_pooling_default_is_global_mean():
                                    fine_tune_batch_norm=False)
     pooled = graph.get_tensor_by_name('image_pooling/Relu:0')
     features = graph.get_tensor_by_name('MobilenetV2/expanded_conv_16/output:0')
-    conv_input = graph.get_operation_by_name('image_pooling/Conv2D').inputs[0]
+    conv_input = graph.get_operation_by_name('image_pooling/pixels').inputs[0]
     with tf.Session() as sess:
       mt.randomize_variables(sess)
       feats, pooled_in = sess.run([features, conv_input],

@@ -160,8 +160,11 @@ def test_bf16_rewrite_keeps_loss_fp32_and_loss_falls():
   config_bf16 = session_lib.make_session_config('bf16')
   if _cpu_has_bf16():
     dtypes = _partition_dtypes(g, config_bf16)
+    # 3x3 convolutions and the 1x1 ones (run as MatMul) both in bf16.
     conv_dtypes = {d for op, d in dtypes if 'Conv2D' in op}
     assert 'bfloat16' in conv_dtypes, dtypes
+    matmul_dtypes = {d for op, d in dtypes if 'MatMul' in op}
+    assert 'bfloat16' in matmul_dtypes, dtypes
     softmax = {d for op, d in dtypes if 'SoftmaxCrossEntropy' in op}
     assert softmax == {'float32'}, dtypes
   losses = _train_losses(g, config_bf16, 8)

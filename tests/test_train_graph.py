@@ -95,9 +95,9 @@ def test_scopes_and_devices(one_and_two_towers):
                 'average_gradients/'):
     assert any(op.name.startswith(scope) for op in ops), scope
   conv0 = [op for op in ops if op.name.startswith('tower_0/') and
-           op.type == 'Conv2D']
+           op.type in ('Conv2D', 'MatMul')]
   conv1 = [op for op in ops if op.name.startswith('tower_1/') and
-           op.type == 'Conv2D']
+           op.type in ('Conv2D', 'MatMul')]
   assert conv0 and conv1
   assert {_canonical(op.device) for op in conv0} == {'/device:CPU:0'}
   assert {_canonical(op.device) for op in conv1} == {'/device:CPU:1'}
