@@ -137,12 +137,12 @@ def label_range_assertion(label, name, num_classes, ignore_label):
   all_valid = tf.logical_not(tf.reduce_any(_invalid_ids(flat, num_classes,
                                                         ignore_label)))
   # The offending values are looked for only when there are some.
-  def bad_values():
+  def find_bad_values():
     flat_ids = tf.cast(flat, tf.int32)
     invalid = _invalid_ids(flat_ids, num_classes, ignore_label)
     return tf.unique(tf.boolean_mask(flat_ids, invalid))[0]
   bad_values = tf.cond(all_valid, lambda: tf.zeros([0], tf.int32),
-                       bad_values)
+                       find_bad_values)
   message = (
       'label values outside [0, %d) and not the ignore label %d (a colour '
       'palette PNG stored as-is decodes to grey levels 38, 75, ...: rebuild '

@@ -173,7 +173,7 @@ def pad_to_size(tensor, target_height, target_width, pad_value,
                   constant_values=tf.cast(pad_value, tensor.dtype))
   if isinstance(pad_value, (tuple, list)):
     pad_value = tf.reshape(tf.constant(pad_value, tf.float32), [1, 1, -1])
-  # Per-channel values: 1 where padded, times the value, added to zeros.
+  # Per-channel values: zero padding plus (1 where padded) * value.
   padded = tf.pad(tf.zeros_like(tensor[:, :, :1]), paddings,
                   constant_values=tf.cast(1, tensor.dtype))
   return tf.pad(tensor, paddings) + padded * tf.cast(pad_value, tensor.dtype)
