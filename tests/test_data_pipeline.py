@@ -144,6 +144,31 @@ def test_out_of_range_label_is_an_error_naming_image_and_values(tmp_path,
   assert '[9 200]' in message or '[200 9]' in message
 
 
+@pytest.mark.parametrize('values,dtype,num_classes,ignore,bad', [
+    ([0, 3, 255], tf.uint8, 4, 255, None),          # valid, with ignore
+    ([0, 4, 255, 7], tf.uint8, 4, 255, [4, 7]),
+    ([0, 200, 255], tf.uint8, 300, 255, None),      # more classes than uint8
+    ([0, 3, 5], tf.uint8, 4, 0, [5]),               # ignore inside the range
+    ([0, 3, 255], tf.uint8, 4, 1000, [255]),        # ignore not a uint8
+    ([-1, 0, 3, 255], tf.int32, 4, 255, [-1]),      # negative ids
+    ([0, 3, 70000], tf.int32, 4, 255, [70000]),
+])
+def test_label_range_check_in_the_labels_own_dtype(values, dtype,
+                                                   num_classes, ignore,
+                                                   bad):
+  # Eagerly the Assert runs (and raises) where it is made.
+  label = tf.constant(np.reshape(values, (1, -1, 1)), dtype)
+  if bad is None:
+    pipeline.label_range_assertion(label, 'img_7', num_classes, ignore)
+    return
+  with pytest.raises(tf.errors.InvalidArgumentError) as info:
+    pipeline.label_range_assertion(label, 'img_7', num_classes, ignore)
+  message = str(info.value).strip()
+  assert 'img_7' in message
+  listed = message.splitlines()[-1].strip('[]').replace(',', ' ').split()
+  assert sorted(int(v) for v in listed) == bad, message
+
+
 def test_size_mismatch_and_missing_label_are_errors(tmp_path):
   rng = np.random.RandomState(7)
   image = common.encode_png(common.random_image(rng, 20, 20))
