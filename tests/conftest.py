@@ -7,16 +7,12 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 import pytest  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-# ../shared/reference beside the repository (CI lays a copy there too).
-REFERENCE = pathlib.Path(
-    os.environ.get('DEEPLAB_REFERENCE_DIR', REPO.parent / 'shared' / 'reference'))
+# Facts read off the original DeepLab, kept with the tests (see its README).
+REFERENCE = REPO / 'tests' / 'reference'
 
 
 @pytest.fixture(scope='session')
 def reference_dir():
-  if not REFERENCE.is_dir():
-    pytest.fail('reference folder not found at %s (set DEEPLAB_REFERENCE_DIR)'
-                % REFERENCE)
   return REFERENCE
 
 

@@ -1,6 +1,6 @@
 """Shared helpers for the model tests: manifests, graph building, variables.
 
-The reference manifests (../shared/reference/manifests/*.json) record the
+The reference manifests (tests/reference/manifests/*.json) record the
 variables of the original DeepLab's training graph for a configuration;
 these helpers turn a manifest's config into our ModelOptions, build our
 graph the same way and list what it created.

@@ -11,6 +11,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 import eval_testing as et
+import reference_checkpoint
 from deeplab_train import config
 from deeplab_train.cli import export as export_cli
 from deeplab_train.evaluation import predictor as predictor_lib
@@ -185,11 +186,10 @@ def test_contradicting_flag_and_missing_checkpoint(tiny_ckpt, tmp_path,
 def test_reference_checkpoint_reproduces_reference_predictions(
     reference_dir, tmp_path):
   """The original's export of the same weights, on the same image."""
-  prefix = str(tmp_path / 'ref' / 'model.ckpt')
-  subprocess.run([sys.executable, str(reference_dir / 'make_ckpt.py'),
-                  str(reference_dir / 'manifests' / 'mobilenet_v2_os8.json'),
-                  prefix], check=True, capture_output=True,
-                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+  prefix = reference_checkpoint.write_checkpoint(
+      reference_checkpoint.load_manifest(
+          reference_dir / 'manifests' / 'mobilenet_v2_os8.json'),
+      tmp_path / 'ref' / 'model.ckpt')
   pb = str(tmp_path / 'frozen_inference_graph.pb')
   code = et.run_cli(export_cli, [
       '--checkpoint_path=' + prefix, '--export_path=' + pb,

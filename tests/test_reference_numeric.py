@@ -1,21 +1,20 @@
 """Same weights, same image -> same output as the original's exported graph.
 
-The reference checkpoint is written by the reference's own `make_ckpt.py`
-(deterministic values for every variable of mobilenet_v2_os8.json); our
+The reference checkpoint is written with the reference value rule
+(reference_checkpoint.py: deterministic values for every variable of
+mobilenet_v2_os8.json, as the original was given them); our
 graph restores it by variable name and runs input.png the way the
 original's export does: no resize (the image fits the 513 crop), pad
 bottom/right to 513x513 with the mean pixel 127.5, normalise in the model,
 upsample the 65x65 logits bilinearly (align_corners) to 513x513, argmax,
 crop back to the image size.
 """
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from PIL import Image
 
 import model_testing as mt
+import reference_checkpoint
 from deeplab_train.model import deeplab
 from deeplab_train.model import registry
 
@@ -29,13 +28,10 @@ LOGITS_ATOL = 1e-3
 
 @pytest.fixture(scope='module')
 def checkpoint(reference_dir, tmp_path_factory):
-  """A checkpoint prefix written by the reference's make_ckpt.py."""
+  """A checkpoint prefix with the reference values."""
   prefix = tmp_path_factory.mktemp('reference_ckpt') / 'model.ckpt'
-  subprocess.run(
-      [sys.executable, str(reference_dir / 'make_ckpt.py'),
-       str(reference_dir / 'manifests' / (MANIFEST + '.json')), str(prefix)],
-      check=True, capture_output=True, timeout=300)
-  return str(prefix)
+  return reference_checkpoint.write_checkpoint(
+      mt.load_manifest(reference_dir, MANIFEST), prefix)
 
 
 def _export_like_outputs(image, options):

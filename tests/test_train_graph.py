@@ -1,8 +1,6 @@
 """The training graph: towers on two CPU devices give the gradients of one
 tower on the whole batch; variables, weight decay and BN updates come from
 tower 0 only; scopes and devices are where they should be."""
-import importlib.util
-
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -11,15 +9,8 @@ from deeplab_train import config
 from deeplab_train.model import deeplab
 from deeplab_train.train import graph as graph_lib
 
+import reference_checkpoint
 import train_testing as tt
-
-
-def _value_rule(reference_dir):
-  spec = importlib.util.spec_from_file_location(
-      'make_ckpt', str(reference_dir / 'make_ckpt.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.value_for
 
 
 def _deeplab_eval_mode(options, weight_decay=4e-5):
@@ -54,8 +45,8 @@ def _gradients(num_clones, device_pattern, value_for):
 
 
 @pytest.fixture(scope='module')
-def one_and_two_towers(reference_dir):
-  value_for = _value_rule(reference_dir)
+def one_and_two_towers():
+  value_for = reference_checkpoint.value_for
   return (_gradients(1, '/cpu:%d', value_for),
           _gradients(2, '/cpu:%d', value_for))
 

@@ -1,9 +1,9 @@
 """deeplab-bench: training speed of a model config on this machine.
 
-    deeplab-bench --model_variant=mobilenet_v2 --output_stride=8 \
-        --train_crop_size=321,321 --train_batch_size=4 \
-        [--bench_data=synthetic|sample|dataset_dir] \
-        [--mixed_precision=none|bf16|fp16] [--use_xla] \
+    deeplab-bench --model_variant=mobilenet_v2 --output_stride=8 \\
+        --train_crop_size=321,321 --train_batch_size=4 \\
+        [--bench_data=synthetic|sample|dataset_dir] \\
+        [--mixed_precision=none|bf16|fp16] [--use_xla] \\
         [--bench_variants=none,bf16,bf16+xla]
 
 Takes deeplab-train's model and training flags. Measures in one process the
@@ -27,12 +27,12 @@ import subprocess
 import sys
 import tempfile
 
-from absl import app
 from absl import flags
 from absl import logging
 
 from deeplab_train import bench
 from deeplab_train import config
+from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import train as train_cli
 from deeplab_train.data import datasets
@@ -241,7 +241,7 @@ def main(argv):
 
 
 def run():
-  app.run(main)
+  app.start(COMMAND, main, __doc__, (__name__,))
 
 
 if __name__ == '__main__':

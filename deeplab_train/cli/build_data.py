@@ -22,9 +22,9 @@ Exit status: 0 done, 1 bad input (one-line message on stderr).
 import logging
 import sys
 
-from absl import app
 from absl import flags
 
+from deeplab_train.cli import app
 from deeplab_train.config import ConfigError
 from deeplab_train.data import build
 from deeplab_train.data import colormap
@@ -125,14 +125,7 @@ def main(argv):
 
 
 def run():
-  # --help prints the __main__ module's docstring and key flags; started
-  # through the console script, __main__ is a stub: lend it ours.
-  main_module = sys.modules.get('__main__')
-  if main_module is not None and not getattr(main_module, '__doc__', None):
-    main_module.__doc__ = __doc__
-  for flag in FLAGS.get_key_flags_for_module(__name__):
-    FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-  app.run(main)
+  app.start('deeplab-build-data', main, __doc__, (__name__,))
 
 
 if __name__ == '__main__':

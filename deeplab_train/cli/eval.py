@@ -1,7 +1,7 @@
 r"""deeplab-eval: mIoU, per-class IoU and pixel accuracy of a checkpoint.
 
-    deeplab-eval --checkpoint_dir=TRAIN_LOGDIR --dataset_dir=TFRECORDS \
-        [--eval_split=val] [--eval_logdir=DIR] [--eval_crop_size=513,513] \
+    deeplab-eval --checkpoint_dir=TRAIN_LOGDIR --dataset_dir=TFRECORDS \\
+        [--eval_split=val] [--eval_logdir=DIR] [--eval_crop_size=513,513] \\
         [--eval_scales=0.75 --eval_scales=1.0 ...] [--add_flipped_images]
 
 Runs once on the latest checkpoint by default (exit 2 at once if there is

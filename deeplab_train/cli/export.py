@@ -1,8 +1,8 @@
 r"""deeplab-export: frozen GraphDef and/or SavedModel from a checkpoint.
 
-    deeplab-export --checkpoint_path=TRAIN_LOGDIR/model.ckpt-N \
-        --export_path=OUT/frozen_inference_graph.pb \
-        [--saved_model_dir=OUT/saved_model] [--crop_size=513,513] \
+    deeplab-export --checkpoint_path=TRAIN_LOGDIR/model.ckpt-N \\
+        --export_path=OUT/frozen_inference_graph.pb \\
+        [--saved_model_dir=OUT/saved_model] [--crop_size=513,513] \\
         [--inference_scales=1.0 ...] [--add_flipped_images]
 
 The frozen graph keeps the original export's interface: input

@@ -8,11 +8,11 @@ import json
 import logging
 import sys
 
-from absl import app
 from absl import flags
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
+from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 
 FLAGS = flags.FLAGS
@@ -31,10 +31,9 @@ flags.DEFINE_integer('eval_interval_secs', 60 * 5,
                      'evaluate a new checkpoint. Giving this flag turns '
                      'follow mode on.')
 
-# Exit codes of the commands.
-EXIT_OK = 0
-EXIT_UNEXPECTED = 1
-EXIT_BAD_INPUT = 2
+EXIT_OK = app.EXIT_OK
+EXIT_UNEXPECTED = app.EXIT_UNEXPECTED
+EXIT_BAD_INPUT = app.EXIT_BAD_INPUT
 
 
 def parse_crop(value, flag_name):
@@ -96,7 +95,7 @@ def run_main(command, argv, body):
 
 
 def run_app(command, main, doc, module_name):
-  """absl's app.run with exit 2 on bad flags and a useful --help.
+  """Starts an inference command in the shared command shell.
 
   Args:
     command: the command name for messages.
@@ -105,26 +104,8 @@ def run_app(command, main, doc, module_name):
     module_name: the command module, whose flags --help lists along with
       the shared ones.
   """
-  main_module = sys.modules.get('__main__')
-  if main_module is not None and not getattr(main_module, '__doc__', None):
-    # The console script's __main__ has no docstring; absl prints this one.
-    main_module.__doc__ = doc
-  # absl's --help lists the key flags of the program (sys.argv[0]).
-  for name in (module_name, __name__, common_flags.__name__):
-    for flag in FLAGS.get_key_flags_for_module(name):
-      FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-  app.run(main, flags_parser=flags_parser(command))
-
-
-def flags_parser(command):
-  """absl's flag parser, but a bad or unknown flag exits 2 with one line."""
-  def parse(argv):
-    try:
-      return FLAGS(argv)
-    except flags.Error as e:
-      sys.stderr.write('%s: %s (see --help)\n' % (command, e))
-      sys.exit(EXIT_BAD_INPUT)
-  return parse
+  app.start(command, main, doc,
+            (module_name, __name__, common_flags.__name__))
 
 
 def check_no_positional(command, argv):

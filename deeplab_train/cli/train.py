@@ -1,9 +1,9 @@
 """deeplab-train: train, resume or fine-tune DeepLab on TFRecords.
 
-    deeplab-train --train_logdir=DIR --dataset_dir=TFRECORDS \
-        [--dataset=pascal_voc_seg] [--train_split=train] \
-        [--model_variant=mobilenet_v2] [--train_crop_size=513,513] \
-        [--train_batch_size=8] [--training_number_of_steps=30000] \
+    deeplab-train --train_logdir=DIR --dataset_dir=TFRECORDS \\
+        [--dataset=pascal_voc_seg] [--train_split=train] \\
+        [--model_variant=mobilenet_v2] [--train_crop_size=513,513] \\
+        [--train_batch_size=8] [--training_number_of_steps=30000] \\
         [--tf_initial_checkpoint=CKPT --initialize_last_layer=false]
 
 The flags are the original DeepLab train.py's. A checkpoint already in
@@ -33,7 +33,7 @@ On a cluster (TensorFlow's parameter servers and workers, see
 docs/distributed.md) every task runs the same command with its own
 --job_name and --task (or its own TF_CONFIG):
 
-    deeplab-train ... --ps_hosts=h0:2222 --worker_hosts=h1:2222,h2:2222 \
+    deeplab-train ... --ps_hosts=h0:2222 --worker_hosts=h1:2222,h2:2222 \\
         --job_name=worker --task=0 [--sync_replicas=false]
 
 A ps task serves until killed; worker 0 (the chief) initialises, writes the
@@ -44,11 +44,11 @@ import os
 import sys
 import time
 
-from absl import app
 from absl import flags
 from absl import logging
 
 from deeplab_train import config
+from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.data import datasets
 from deeplab_train.data import pipeline
@@ -365,24 +365,17 @@ def main(argv):
   return result.exit_code
 
 
-def _parse_flags(argv):
-  """absl's parser, but bad flags exit 2 with a one-line message."""
-  try:
-    return FLAGS(argv)
-  except flags.Error as e:
-    sys.stderr.write('%s: %s (see --help)\n' % (COMMAND, e))
-    print(run_lib.RunResult('bad_input', 'bad_input',
-                            message=str(e)).to_json(), flush=True)
-    sys.exit(run_lib.EXIT_CODES['bad_input'])
+def _print_bad_flags(message):
+  print(run_lib.RunResult('bad_input', 'bad_input',
+                          message=message).to_json(), flush=True)
+
+
+_parse_flags = app.flag_parser(COMMAND, on_bad_flags=_print_bad_flags)
 
 
 def run():
-  # --help prints the __main__ module's docstring: make it this one's
-  # (exit codes and usage) when started through the console script.
-  main_module = sys.modules.get('__main__')
-  if main_module is not None and not getattr(main_module, '__doc__', None):
-    main_module.__doc__ = __doc__
-  app.run(main, flags_parser=_parse_flags)
+  app.start(COMMAND, main, __doc__, (__name__, common_flags.__name__),
+            on_bad_flags=_print_bad_flags)
 
 
 if __name__ == '__main__':

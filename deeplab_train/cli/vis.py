@@ -1,8 +1,8 @@
 r"""deeplab-vis: coloured prediction PNGs for a split or a folder of images.
 
-    deeplab-vis --checkpoint_dir=TRAIN_LOGDIR --vis_logdir=OUT \
-        (--dataset_dir=TFRECORDS [--vis_split=val] | --image_dir=PHOTOS) \
-        [--also_save_raw_predictions] [--save_overlay] \
+    deeplab-vis --checkpoint_dir=TRAIN_LOGDIR --vis_logdir=OUT \\
+        (--dataset_dir=TFRECORDS [--vis_split=val] | --image_dir=PHOTOS) \\
+        [--also_save_raw_predictions] [--save_overlay] \\
         [--colormap_type=pascal|cityscapes|ade20k] [--max_number_of_images=N]
 
 Uses the latest checkpoint of --checkpoint_dir (or a checkpoint prefix) and
