@@ -134,9 +134,7 @@ def scale_image_and_label(image, label, scale):
   """Scales both by `scale` (sizes truncated to integers)."""
   if isinstance(scale, float) and scale == 1.0:
     return image, label
-  height, width = _shape_hw(image)
-  new_size = tf.cast(tf.cast(tf.stack([height, width]), tf.float32) * scale,
-                     tf.int32)
+  new_size = tf.stack(_scaled_size(*_shape_hw(image), scale))
   image = resize_bilinear(image, new_size)
   if label is not None:
     label = resize_nearest(label, new_size)
@@ -271,14 +269,15 @@ def _flip_if(flip, image, label):
                  lambda: (image, label))
 
 
-def _scale_pad_and_crop_whole(image, label, scale, crop_height, crop_width,
-                              mean_pixel, ignore_label, seed, flip):
+def _scale_pad_and_crop_whole(image, label, scale, top, left, crop_height,
+                              crop_width, mean_pixel, ignore_label, flip):
   """Scales the whole image, pads it to the crop size, crops, flips."""
   image, label = scale_image_and_label(tf.cast(image, tf.float32),
                                        tf.cast(label, tf.int32), scale)
   image, label = _pad_to_at_least(image, label, crop_height, crop_width,
                                   mean_pixel, ignore_label)
-  image, label = random_crop(image, label, crop_height, crop_width, seed)
+  image = tf.slice(image, [top, left, 0], [crop_height, crop_width, -1])
+  label = tf.slice(label, [top, left, 0], [crop_height, crop_width, -1])
   return _flip_if(flip, image, label)
 
 
@@ -295,21 +294,22 @@ def _pad_to_at_least(image, label, crop_height, crop_width, mean_pixel,
   return image, label
 
 
-def _scale_pad_and_crop_window(image, label, scale, crop_height, crop_width,
-                               mean_pixel, ignore_label, seed, flip):
+def _scaled_size(height, width, scale):
+  """The size `scale_image_and_label` gives (sides truncated)."""
+  scaled = tf.cast(tf.cast(tf.stack([height, width]), tf.float32) * scale,
+                   tf.int32)
+  return scaled[0], scaled[1]
+
+
+def _scale_pad_and_crop_window(image, label, scale, top, left, crop_height,
+                               crop_width, mean_pixel, ignore_label, flip):
   """The same result, interpolating only the pixels inside the window.
 
   A flip reverses the window's source columns before interpolating and
   moves the padding to the left, so it costs no pass over the pixels.
   """
   height, width = _shape_hw(image)
-  # The scaled size, computed as scale_image_and_label does.
-  scaled = tf.cast(tf.cast(tf.stack([height, width]), tf.float32) * scale,
-                   tf.int32)
-  scaled_height, scaled_width = scaled[0], scaled[1]
-  top, left = random_crop_offsets(
-      tf.maximum(scaled_height, crop_height),
-      tf.maximum(scaled_width, crop_width), crop_height, crop_width, seed)
+  scaled_height, scaled_width = _scaled_size(height, width, scale)
   # Rows/columns of the window inside the scaled image; the rest is padding.
   rows_inside = tf.minimum(scaled_height - top, crop_height)
   cols_inside = tf.minimum(scaled_width - left, crop_width)
@@ -327,13 +327,7 @@ def _scale_pad_and_crop_window(image, label, scale, crop_height, crop_width,
 def scale_pad_and_crop(image, label, scale, crop_height, crop_width,
                        mean_pixel, ignore_label, seed, flip=False):
   """`scale_image_and_label`, `pad_to_size`, `random_crop` and optionally
-  the left-right flip in one step.
-
-  When the scaled image is larger than the crop, only the pixels inside the
-  crop window are interpolated (with the resize kernels' own arithmetic, so
-  the output is the same), the flip is folded into the columns sampled, and
-  the cost no longer grows with the image size times the scale squared.
-  Smaller images take the whole-image path, which is faster for them.
+  the left-right flip in one step (see `scale_pad_and_crop_at`).
 
   Args:
     image: [H, W, 3] of any real type.
@@ -350,8 +344,37 @@ def scale_pad_and_crop(image, label, scale, crop_height, crop_width,
     (image float32 [crop_height, crop_width, 3],
      label int32 [crop_height, crop_width, 1]).
   """
-  args = (image, label, scale, crop_height, crop_width, mean_pixel,
-          ignore_label, seed, flip)
+  height, width = _shape_hw(image)
+  scaled_height, scaled_width = _scaled_size(height, width, scale)
+  top, left = random_crop_offsets(
+      tf.maximum(scaled_height, crop_height),
+      tf.maximum(scaled_width, crop_width), crop_height, crop_width, seed)
+  return scale_pad_and_crop_at(image, label, scale, top, left, crop_height,
+                               crop_width, mean_pixel, ignore_label, flip)
+
+
+def scale_pad_and_crop_at(image, label, scale, top, left, crop_height,
+                          crop_width, mean_pixel, ignore_label, flip=False):
+  """Scale, pad to the crop size, crop at (top, left), flip: one step.
+
+  When the scaled image is larger than the crop, only the pixels inside the
+  crop window are interpolated (with the resize kernels' own arithmetic, so
+  the output is the same), the flip is folded into the columns sampled, and
+  the cost no longer grows with the image size times the scale squared.
+  Smaller images take the whole-image path, which is faster for them.
+
+  Args:
+    image, label, scale, crop_height, crop_width, mean_pixel, ignore_label,
+      flip: as for `scale_pad_and_crop`.
+    top, left: int32 scalars, the window's corner in the scaled image padded
+      to at least the crop size.
+
+  Returns:
+    (image float32 [crop_height, crop_width, 3],
+     label int32 [crop_height, crop_width, 1]).
+  """
+  args = (image, label, scale, top, left, crop_height, crop_width,
+          mean_pixel, ignore_label, flip)
   height, width = _shape_hw(image)
   scaled_area = (tf.cast(height, tf.float32) * tf.cast(width, tf.float32) *
                  scale * scale)

@@ -177,7 +177,9 @@ def batch_norm(x, params: ConvParams, scope='BatchNorm'):
       # fused_batch_norm takes fp32 scale/offset for fp16/bf16 inputs too.
       out, mean, variance = tf.nn.fused_batch_norm(
           x, gamma, beta, epsilon=bn.epsilon, is_training=True)
-      decay = 1.0 - bn.decay
+      # 1 - decay in float32 arithmetic, as slim's moving averages compute
+      # it (it differs from float32(1 - decay) in the last bits).
+      decay = tf.subtract(1.0, tf.constant(bn.decay, tf.float32))
       _record_update(tf.assign_sub(
           moving_mean, (moving_mean - tf.cast(mean, tf.float32)) * decay,
           name='AssignMovingAvg'))
