@@ -17,7 +17,7 @@ WORK/curves.json. Runs one process at a time: on 2 cores a run of 3 seeds
 to 3000 steps takes about two hours.
 
 The original has no seed flag (its runs differ by TensorFlow's own random
-seeds); deeplab-train gets --seed=S. Without --original_dir only
+seeds); deeplab-train gets --seed from the seed and the chunk. Without --original_dir only
 deeplab-train's curve is measured.
 """
 import argparse
@@ -92,7 +92,10 @@ def curve_ours(records, work, seed, steps, eval_steps, log):
     run(['deeplab-train', '--train_logdir=%s' % logdir,
          '--dataset=pascal_voc_seg', '--dataset_dir=%s' % records,
          '--training_number_of_steps=%d' % steps,
-         '--num_steps_more=%d' % (stop - done), '--seed=%d' % seed,
+         '--num_steps_more=%d' % (stop - done),
+         # A new input order for each chunk (one seed would replay the
+         # first chunk's batches after every restart).
+         '--seed=%d' % (seed * 100000 + done),
          '--save_interval_secs=0', '--log_steps=100',
          '--save_summaries_secs=0'] + RECIPE, log)
     seconds += time.time() - start

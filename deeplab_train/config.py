@@ -250,6 +250,7 @@ def load_run_config(logdir_or_file):
 # Training (owner: train/). Added by the trainer.
 # ---------------------------------------------------------------------------
 LEARNING_POLICIES = ('poly', 'step', 'cosine')
+OPTIMIZERS = ('momentum', 'adam')
 MIXED_PRECISION_MODES = ('none', 'bf16', 'fp16')
 
 
@@ -282,6 +283,13 @@ class TrainOptions(_JsonMixin):
   training_number_of_steps: int = 30000
   slow_start_step: int = 0
   slow_start_learning_rate: float = 1e-4
+  decay_steps: float = 0.0
+  end_learning_rate: float = 0.0
+  optimizer: str = 'momentum'
+  adam_learning_rate: float = 0.001
+  adam_epsilon: float = 1e-8
+  # Graph-level random seed (initialisation); None: random.
+  seed: Optional[int] = None
   last_layer_gradient_multiplier: float = 1.0
   last_layers_contain_logits_only: bool = False
   # Initialisation from a checkpoint.
@@ -341,6 +349,13 @@ class TrainOptions(_JsonMixin):
          % (self.slow_start_step, self.training_number_of_steps))
     need(self.learning_rate_decay_step >= 1,
          '--learning_rate_decay_step must be >= 1')
+    need(self.decay_steps >= 0, '--decay_steps must be >= 0 (0: the '
+         'steps after the slow start)')
+    need(self.end_learning_rate >= 0, '--end_learning_rate must be >= 0')
+    need(self.optimizer in OPTIMIZERS, '--optimizer must be one of %s, got '
+         '%r' % ('/'.join(OPTIMIZERS), self.optimizer))
+    need(self.adam_learning_rate >= 0, '--adam_learning_rate must be >= 0')
+    need(self.adam_epsilon > 0, '--adam_epsilon must be > 0')
     need(self.mixed_precision in MIXED_PRECISION_MODES,
          '--mixed_precision must be one of %s, got %r'
          % ('/'.join(MIXED_PRECISION_MODES), self.mixed_precision))

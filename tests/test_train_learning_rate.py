@@ -54,3 +54,35 @@ def test_poly_reaches_zero_and_stays_there():
   rates = _rates(options)
   assert rates[STEPS.index(1000)] == 0.0
   assert rates[STEPS.index(1500)] == 0.0
+
+
+@pytest.mark.parametrize('decay_steps,end', [(600, 0.0), (0, 0.002),
+                                             (2000, 0.001)])
+def test_poly_decay_steps_and_end_rate_follow_tensorflows_polynomial_decay(
+    decay_steps, end):
+  """--decay_steps and --end_learning_rate as the original used them:
+  tf.train.polynomial_decay over the steps after the slow start."""
+  options = config.TrainOptions(
+      learning_policy='poly', base_learning_rate=0.01,
+      training_number_of_steps=1000, slow_start_step=50,
+      slow_start_learning_rate=1e-4, decay_steps=decay_steps,
+      end_learning_rate=end).validate()
+  with tf.Graph().as_default():
+    step = tf.placeholder(tf.int64, [])
+    adjusted = tf.maximum(step - 50, 0)
+    want = tf.where(step < 50, 1e-4, tf.train.polynomial_decay(
+        0.01, adjusted, decay_steps or 950, end_learning_rate=end, power=0.9))
+    with tf.Session() as sess:
+      expected = np.array([sess.run(want, {step: s}) for s in STEPS])
+  np.testing.assert_allclose(_rates(options), expected, rtol=1e-5, atol=1e-9)
+
+
+def test_adam_uses_its_own_constant_rate():
+  from deeplab_train.train import graph as graph_lib  # pylint: disable=g-import-not-at-top
+  options = config.TrainOptions(optimizer='adam', adam_learning_rate=0.003,
+                                adam_epsilon=1e-6).validate()
+  optimizer = graph_lib._optimizer(options, tf.constant(0.5))  # pylint: disable=protected-access
+  assert isinstance(optimizer, tf.train.AdamOptimizer)
+  assert optimizer._lr == 0.003 and optimizer._epsilon == 1e-6  # pylint: disable=protected-access
+  with pytest.raises(config.ConfigError, match='--optimizer'):
+    config.TrainOptions(optimizer='sgd').validate()

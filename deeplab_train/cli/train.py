@@ -134,6 +134,19 @@ flags.DEFINE_integer('learning_rate_decay_step', 2000,
                      'Decay the base learning rate at a fixed step.')
 flags.DEFINE_float('learning_power', 0.9,
                    'The power value used in the poly learning policy.')
+flags.DEFINE_float('decay_steps', 0.0,
+                   'Decay steps of the poly learning rate (0: the steps '
+                   'after the slow start).')
+flags.DEFINE_float('end_learning_rate', 0.0,
+                   'The poly learning rate\'s value at the end of its decay.')
+flags.DEFINE_enum('optimizer', 'momentum', ['momentum', 'adam'],
+                  'Which optimizer to use.')
+flags.DEFINE_float('adam_learning_rate', 0.001,
+                   'Adam\'s (constant) learning rate.')
+flags.DEFINE_float('adam_epsilon', 1e-08, 'Adam optimizer epsilon.')
+flags.DEFINE_integer('seed', None,
+                     'Random seed of the initialisation, input order and '
+                     'augmentation (unset: random).')
 flags.DEFINE_integer('training_number_of_steps', 30000,
                      'The number of steps used for training.')
 flags.DEFINE_float('momentum', 0.9, 'The momentum value to use.')
@@ -247,6 +260,10 @@ def train_options():
       training_number_of_steps=FLAGS.training_number_of_steps,
       slow_start_step=FLAGS.slow_start_step,
       slow_start_learning_rate=FLAGS.slow_start_learning_rate,
+      decay_steps=FLAGS.decay_steps,
+      end_learning_rate=FLAGS.end_learning_rate,
+      optimizer=FLAGS.optimizer, adam_learning_rate=FLAGS.adam_learning_rate,
+      adam_epsilon=FLAGS.adam_epsilon, seed=FLAGS.seed,
       last_layer_gradient_multiplier=FLAGS.last_layer_gradient_multiplier,
       last_layers_contain_logits_only=FLAGS.last_layers_contain_logits_only,
       tf_initial_checkpoint=FLAGS.tf_initial_checkpoint,
@@ -317,7 +334,7 @@ def build_job():
   backbone = registry.get(model_options.model_variant)
   input_fn = inputs.make_input_fn(
       FLAGS.dataset_dir, FLAGS.train_split, info, preprocess,
-      train.train_batch_size, backbone.mean_pixel)
+      train.train_batch_size, backbone.mean_pixel, seed=train.seed)
   return dict(model_options=model_options, train_options=train,
               run_options=runs, ignore_label=info.ignore_label,
               input_fn=input_fn, preprocess_options=preprocess,

@@ -138,6 +138,8 @@ def build_training_graph(model_options, train_options, *, ignore_label,
     last_layer_scopes = default_last_layer_scopes(train_options)
   graph = tf.Graph()
   with graph.as_default(), _device_scope(graph_device):
+    if train_options.seed is not None:
+      tf.set_random_seed(train_options.seed)
     with tf.device(variables_device):
       global_step = tf.train.get_or_create_global_step()
     with tf.name_scope('input'), tf.device(input_device):
@@ -248,8 +250,7 @@ def _add_train_op(g, train_options, cpu, wrap_optimizer=None):
         grads_and_vars, scopes.gradient_multipliers(
             trainable, g['last_layer_scopes'],
             train_options.last_layer_gradient_multiplier))
-    optimizer = tf.train.MomentumOptimizer(g['learning_rate'],
-                                           train_options.momentum)
+    optimizer = _optimizer(train_options, g['learning_rate'])
     if wrap_optimizer is not None:
       optimizer = wrap_optimizer(optimizer)
     g['optimizer'] = optimizer
@@ -270,6 +271,15 @@ def _add_train_op(g, train_options, cpu, wrap_optimizer=None):
       g['all_finite'] = tf.logical_and(
           tf.math.is_finite(g['total_loss']),
           hooks.weights_are_finite(g['model_variables']), name='all_finite')
+
+
+def _optimizer(train_options, learning_rate):
+  """The original's optimizers: momentum on the schedule, or Adam at the
+  constant --adam_learning_rate (the original ignores the schedule there)."""
+  if train_options.optimizer == 'adam':
+    return tf.train.AdamOptimizer(train_options.adam_learning_rate,
+                                  epsilon=train_options.adam_epsilon)
+  return tf.train.MomentumOptimizer(learning_rate, train_options.momentum)
 
 
 def _scaled_losses(towers, regularization_loss, scale):

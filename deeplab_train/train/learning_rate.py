@@ -1,10 +1,11 @@
 """Learning-rate schedules of the original trainer, keyed on the global step.
 
 All schedules count from the end of the slow start: with
-`s = max(step - slow_start_step, 0)` and `T = training_number_of_steps -
-slow_start_step`,
+`s = max(step - slow_start_step, 0)` and `T = decay_steps`, or
+`training_number_of_steps - slow_start_step` when decay_steps is 0,
 
-  poly:   base * (1 - min(s, T) / T) ** learning_power
+  poly:   (base - end) * (1 - min(s, T) / T) ** learning_power + end
+          (end = end_learning_rate)
   step:   base * learning_rate_decay_factor
             ** floor(s / learning_rate_decay_step)
   cosine: base * 0.5 * (1 + cos(pi * min(s, T) / T))
@@ -25,7 +26,8 @@ def learning_rate(global_step, options):
     global_step: int64 scalar tensor.
     options: TrainOptions (learning_policy, base_learning_rate,
       learning_rate_decay_factor, learning_rate_decay_step, learning_power,
-      training_number_of_steps, slow_start_step, slow_start_learning_rate).
+      training_number_of_steps, slow_start_step, slow_start_learning_rate,
+      decay_steps, end_learning_rate).
 
   Returns:
     float32 scalar tensor.
@@ -36,14 +38,16 @@ def learning_rate(global_step, options):
   with tf.name_scope('learning_rate'):
     step = tf.cast(global_step, tf.float32)
     s = tf.maximum(step - options.slow_start_step, 0.0)
-    horizon = float(options.training_number_of_steps - options.slow_start_step)
+    horizon = float(options.decay_steps or (
+        options.training_number_of_steps - options.slow_start_step))
     base = options.base_learning_rate
     progress = tf.minimum(s, horizon) / horizon
     # (horizon - s) is exact in float32, so the rate reaches exactly 0 (a
     # division may be rewritten as a multiplication by the reciprocal).
     remaining = tf.maximum(horizon - s, 0.0) / horizon
     if options.learning_policy == 'poly':
-      rate = base * tf.pow(remaining, options.learning_power)
+      end = options.end_learning_rate
+      rate = (base - end) * tf.pow(remaining, options.learning_power) + end
     elif options.learning_policy == 'step':
       rate = base * tf.pow(options.learning_rate_decay_factor,
                            tf.floor(s / options.learning_rate_decay_step))
