@@ -17,7 +17,8 @@ WORK/curves.json. Runs one process at a time: on 2 cores a run of 3 seeds
 to 3000 steps takes about two hours.
 
 The original has no seed flag (its runs differ by TensorFlow's own random
-seeds); deeplab-train gets --seed from the seed and the chunk. Without --original_dir only
+seeds); deeplab-train gets --seed from the seed and the chunk. Without
+--original_dir only
 deeplab-train's curve is measured.
 """
 import argparse
@@ -39,8 +40,8 @@ RECIPE = ['--model_variant=mobilenet_v2', '--output_stride=16',
           '--slow_start_step=100', '--slow_start_learning_rate=0.0005',
           '--learning_policy=poly', '--min_scale_factor=0.5',
           '--max_scale_factor=2.0', '--scale_factor_step_size=0.25']
-EVAL_FLAGS = ['--model_variant=mobilenet_v2', '--output_stride=16',
-              '--eval_crop_size=257,257']
+# No eval crop: each image is padded only as far as the output stride needs.
+EVAL_FLAGS = ['--model_variant=mobilenet_v2', '--output_stride=16']
 
 
 def run(args, log, env=None):
@@ -70,11 +71,16 @@ def build_records(work, log):
 def evaluate(checkpoint, records, out_dir, log):
   """val mIoU of one checkpoint prefix, by deeplab-eval."""
   result = out_dir / 'eval.json'
-  run(['deeplab-eval', '--checkpoint_path=%s' % checkpoint,
+  run(['deeplab-eval', '--checkpoint_dir=%s' % checkpoint,
        '--dataset=pascal_voc_seg', '--dataset_dir=%s' % records,
        '--eval_split=val', '--eval_logdir=%s' % out_dir,
        '--eval_result_json=%s' % result] + EVAL_FLAGS, log)
   return json.loads(result.read_text())['miou']
+
+
+def has_checkpoint(logdir, step):
+  return pathlib.Path(str(logdir / ('model.ckpt-%d' % step)) +
+                      '.index').exists()
 
 
 def latest_checkpoint(logdir, step):
@@ -89,6 +95,11 @@ def curve_ours(records, work, seed, steps, eval_steps, log):
   curve, done, seconds = [], 0, 0.0
   for stop in eval_steps:
     start = time.time()
+    if has_checkpoint(logdir, stop):  # a rerun: this chunk is trained
+      done = stop
+      curve.append(evaluate(latest_checkpoint(logdir, stop), records,
+                            logdir / ('eval-%d' % stop), log))
+      continue
     run(['deeplab-train', '--train_logdir=%s' % logdir,
          '--dataset=pascal_voc_seg', '--dataset_dir=%s' % records,
          '--training_number_of_steps=%d' % steps,
@@ -111,11 +122,12 @@ def curve_original(original_dir, records, work, seed, steps, eval_steps,
   curve, seconds = [], 0.0
   for stop in eval_steps:
     start = time.time()
-    run([str(original_dir / 'train.sh'), '--train_logdir=%s' % logdir,
-         '--dataset=pascal_voc_seg', '--dataset_dir=%s' % records,
-         '--training_number_of_steps=%d' % stop, '--decay_steps=%d' % (
-             steps - 100), '--save_interval_secs=100000', '--log_steps=100',
-         '--save_summaries_secs=100000'] + RECIPE, log)
+    if not has_checkpoint(logdir, stop):  # else a rerun: already trained
+      run([str(original_dir / 'train.sh'), '--train_logdir=%s' % logdir,
+           '--dataset=pascal_voc_seg', '--dataset_dir=%s' % records,
+           '--training_number_of_steps=%d' % stop, '--decay_steps=%d' % (
+               steps - 100), '--save_interval_secs=100000',
+           '--log_steps=100', '--save_summaries_secs=100000'] + RECIPE, log)
     seconds += time.time() - start
     curve.append(evaluate(latest_checkpoint(logdir, stop), records,
                           logdir / ('eval-%d' % stop), log))

@@ -68,8 +68,10 @@ def deterministic(tf, utils):
         padded_h, padded_w = sess.run([target_h, target_w])
         for k, (top, left) in enumerate(offsets(padded_h, padded_w)):
           for flip in FLIPS:
-            crop_img = utils._crop(img, top, left, CROP, CROP)  # pylint: disable=protected-access
-            crop_lab = utils._crop(lab, top, left, CROP, CROP)  # pylint: disable=protected-access
+            # pylint: disable=protected-access
+            crop_img = utils._crop(img, top, left, CROP, CROP)
+            crop_lab = utils._crop(lab, top, left, CROP, CROP)
+            # pylint: enable=protected-access
             if flip:  # flip_dim with probability 1: always flipped
               crop_img, crop_lab, _ = utils.flip_dim([crop_img, crop_lab],
                                                      1.0, dim=1)

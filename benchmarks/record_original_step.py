@@ -5,7 +5,8 @@ on our machines; any checkout of the original's research/deeplab at upstream
 commit 4456f24 ported to current TensorFlow works):
 
     source DIR/env.sh
-    python benchmarks/record_original_step.py --out tests/reference/training_step
+    python benchmarks/record_original_step.py \\
+        --out tests/reference/training_step
 
 For each case below it runs the original's own train.py `main` with the
 case's flags, with three measuring points patched in and nothing else: the
@@ -20,9 +21,9 @@ another implementation; everything else is the original's graph.
 Written per case (CASE.npz): the batch, total / cross-entropy /
 regularisation loss, the learning rate at a few steps, and digests
 (tests/step_digest.py) of every gradient and of the change of every
-variable in the update (batch-norm moving statistics included), plus the initializer of
-every variable of the fresh graph (kind, constants, mean and std of the
-fresh values). cases.json lists the flags of each case.
+variable in the update (batch-norm moving statistics included), plus the
+initializer of every variable of the fresh graph (kind, constants, mean and
+std of the fresh values). cases.json lists the flags of each case.
 """
 import argparse
 import json

@@ -398,7 +398,7 @@ class BenchJob:
     session_config: ConfigProto of the training session.
     peak_session_config: ConfigProto of the matmul peak and of the input
       pipeline (threads only: no precision rewrite, no XLA).
-    build_graph: fn(input_fn) -> the dict of `build_training_graph`.
+    build_graph: fn(input_fn) -> the `TrainingGraph` of `build_training_graph`.
     mean_pixel: padding value of the images.
   """
   model_options: object
@@ -449,13 +449,13 @@ def run_benchmark(job, options):
     return tf.data.make_one_shot_iterator(dataset_fn()).get_next()
 
   built = job.build_graph(input_fn)
-  flops = graph_flops(built['graph'])
+  flops = graph_flops(built.graph)
   init_fn = None
-  scaffold = built.get('scaffold')
+  scaffold = built.scaffold
   if scaffold is not None and scaffold.init_fn is not None:
     init_fn = lambda sess: scaffold.init_fn(scaffold, sess)
-  times = time_training(built['graph'], built['train_op'],
-                        built['total_loss'], job.session_config, options,
+  times = time_training(built.graph, built.train_op,
+                        built.total_loss, job.session_config, options,
                         init_fn)
   achieved = flops / times.seconds_per_step / 1e9
   result = {

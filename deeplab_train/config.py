@@ -297,7 +297,7 @@ class TrainOptions(_JsonMixin):
   initialize_last_layer: bool = True
   # Summaries built into the graph.
   save_summaries_images: bool = False
-  # Speed (see train/session_config.py): 'none', 'bf16' (CPU) or 'fp16'
+  # Speed (see runtime/session_config.py): 'none', 'bf16' (CPU) or 'fp16'
   # (GPU, with dynamic loss scaling); XLA compilation of the network (see
   # train/graph.py); thread pools (None: every usable core, 0: TensorFlow's
   # choice).
@@ -473,7 +473,7 @@ def check_training_setup(model_options, train_options):
 
 @dataclasses.dataclass(frozen=True)
 class ClusterOptions(_JsonMixin):
-  """Training across machines (see `deeplab_train.train.cluster`).
+  """Training across machines (see `deeplab_train.runtime.cluster_spec`).
 
   Attributes:
     ps_hosts / worker_hosts: 'host:port' of each ps / worker task (the

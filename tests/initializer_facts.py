@@ -38,7 +38,8 @@ def describe(initial_value):
 
 
 def _tensor_value(op):
-  from tensorflow.python.framework import tensor_util  # pylint: disable=g-import-not-at-top
+  # A Const's value of any size (small ones are also in float_val).
+  from tensorflow.python.framework import tensor_util  # pylint: disable=g-import-not-at-top,line-too-long
   return tensor_util.MakeNdarray(op.get_attr('value'))
 
 

@@ -23,9 +23,10 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
-from deeplab_train.train import cluster as cluster_lib
+from deeplab_train.runtime import cluster as cluster_lib
+from deeplab_train.runtime import cluster_spec
 from deeplab_train.train import graph as graph_lib
-from deeplab_train.train import lock as lock_lib
+from deeplab_train.runtime import lock as lock_lib
 
 import train_testing as tt
 
@@ -50,41 +51,41 @@ def _tf_config(task_type, index, cluster=None):
 # Parsing: flags.
 # ---------------------------------------------------------------------------
 def test_no_cluster_is_a_single_machine_run():
-  assert cluster_lib.resolve(config.ClusterOptions()) is None
-  assert cluster_lib.resolve(config.ClusterOptions(), '') is None
+  assert cluster_spec.resolve(config.ClusterOptions()) is None
+  assert cluster_spec.resolve(config.ClusterOptions(), '') is None
   # The original's defaults for its replica flags are a single machine too.
-  assert cluster_lib.resolve(config.ClusterOptions(
+  assert cluster_spec.resolve(config.ClusterOptions(
       num_replicas=1, num_ps_tasks=0)) is None
 
 
 def test_flags_describe_chief_worker_and_ps():
-  chief = cluster_lib.resolve(_options())
+  chief = cluster_spec.resolve(_options())
   assert chief.is_chief and not chief.is_ps
   assert chief.num_workers == 2 and chief.num_ps == 1
   assert chief.spec() == {'worker': list(WORKERS), 'ps': list(PS)}
   assert chief.task_device == '/job:worker/task:0'
   assert chief.source == 'flags'
-  worker = cluster_lib.resolve(_options(task=1))
+  worker = cluster_spec.resolve(_options(task=1))
   assert not worker.is_chief and worker.address == WORKERS[1]
-  ps = cluster_lib.resolve(_options(job_name='ps'))
+  ps = cluster_spec.resolve(_options(job_name='ps'))
   assert ps.is_ps and not ps.is_chief and ps.address == PS[0]
 
 
 def test_flag_hosts_are_stripped_and_empty_entries_dropped():
-  c = cluster_lib.resolve(_options(worker_hosts=(' 127.0.0.1:2221', '',
+  c = cluster_spec.resolve(_options(worker_hosts=(' 127.0.0.1:2221', '',
                                                  '127.0.0.1:2222 ')))
   assert c.worker_hosts == WORKERS
 
 
 def test_original_replica_flags_must_match_the_cluster():
-  c = cluster_lib.resolve(_options(num_replicas=2, num_ps_tasks=1))
+  c = cluster_spec.resolve(_options(num_replicas=2, num_ps_tasks=1))
   assert c.num_workers == 2
   with pytest.raises(config.ConfigError, match='--num_replicas=3 but the '
                      'cluster has 2 worker'):
-    cluster_lib.resolve(_options(num_replicas=3))
+    cluster_spec.resolve(_options(num_replicas=3))
   with pytest.raises(config.ConfigError, match='--num_ps_tasks=2 but the '
                      'cluster has 1 ps'):
-    cluster_lib.resolve(_options(num_ps_tasks=2))
+    cluster_spec.resolve(_options(num_ps_tasks=2))
 
 
 @pytest.mark.parametrize('kw, message', [
@@ -107,7 +108,7 @@ def test_original_replica_flags_must_match_the_cluster():
 ])
 def test_bad_flag_clusters_are_named(kw, message):
   with pytest.raises(config.ConfigError, match=message):
-    cluster_lib.resolve(_options(**kw))
+    cluster_spec.resolve(_options(**kw))
 
 
 @pytest.mark.parametrize('kw, flag', [
@@ -115,20 +116,20 @@ def test_bad_flag_clusters_are_named(kw, message):
     (dict(num_ps_tasks=1), '--num_ps_tasks=1')])
 def test_replica_flags_without_a_cluster_are_refused(kw, flag):
   with pytest.raises(config.ConfigError, match=flag + ' needs a cluster'):
-    cluster_lib.resolve(config.ClusterOptions(**kw))
+    cluster_spec.resolve(config.ClusterOptions(**kw))
 
 
 def test_one_worker_without_ps_trains_locally():
-  assert cluster_lib.resolve(_options(ps_hosts=(), worker_hosts=WORKERS[:1])
+  assert cluster_spec.resolve(_options(ps_hosts=(), worker_hosts=WORKERS[:1])
                              ) is None
 
 
 def test_startup_delay_applies_to_asynchronous_workers_only():
-  async_worker = cluster_lib.resolve(_options(task=1, sync_replicas=False,
+  async_worker = cluster_spec.resolve(_options(task=1, sync_replicas=False,
                                               startup_delay_steps=15))
   assert async_worker.startup_step() == 15
-  assert cluster_lib.resolve(_options(sync_replicas=False)).startup_step() == 0
-  assert cluster_lib.resolve(_options(task=1)).startup_step() == 0
+  assert cluster_spec.resolve(_options(sync_replicas=False)).startup_step() == 0
+  assert cluster_spec.resolve(_options(task=1)).startup_step() == 0
 
 
 # ---------------------------------------------------------------------------
@@ -136,15 +137,15 @@ def test_startup_delay_applies_to_asynchronous_workers_only():
 # ---------------------------------------------------------------------------
 def test_tf_config_chief_is_worker_zero():
   none = config.ClusterOptions()
-  chief = cluster_lib.resolve(none, _tf_config('chief', 0))
+  chief = cluster_spec.resolve(none, _tf_config('chief', 0))
   assert chief.is_chief and chief.worker_hosts == WORKERS
   assert chief.source == 'TF_CONFIG'
-  worker = cluster_lib.resolve(none, _tf_config('worker', 0))
+  worker = cluster_spec.resolve(none, _tf_config('worker', 0))
   assert (worker.job_name, worker.task) == ('worker', 1)
-  ps = cluster_lib.resolve(none, _tf_config('ps', 0))
+  ps = cluster_spec.resolve(none, _tf_config('ps', 0))
   assert ps.is_ps and ps.task == 0
   # The older name of the chief.
-  master = cluster_lib.resolve(none, _tf_config(
+  master = cluster_spec.resolve(none, _tf_config(
       'master', 0, {'master': [WORKERS[0]], 'worker': [WORKERS[1]],
                     'ps': list(PS)}))
   assert master.is_chief and master.worker_hosts == WORKERS
@@ -152,22 +153,22 @@ def test_tf_config_chief_is_worker_zero():
 
 def test_tf_config_without_chief_makes_worker_zero_the_chief():
   cluster = {'worker': list(WORKERS), 'ps': list(PS)}
-  c = cluster_lib.resolve(config.ClusterOptions(),
+  c = cluster_spec.resolve(config.ClusterOptions(),
                           _tf_config('worker', 0, cluster))
   assert c.is_chief
-  c = cluster_lib.resolve(config.ClusterOptions(),
+  c = cluster_spec.resolve(config.ClusterOptions(),
                           _tf_config('worker', 1, cluster))
   assert c.task == 1 and not c.is_chief
   # Dense {index: address} maps are TensorFlow's other spelling.
   sparse = {'worker': {'1': WORKERS[1], '0': WORKERS[0]}, 'ps': list(PS)}
-  c = cluster_lib.resolve(config.ClusterOptions(),
+  c = cluster_spec.resolve(config.ClusterOptions(),
                           _tf_config('worker', 1, sparse))
   assert c.worker_hosts == WORKERS
 
 
 def test_tf_config_without_cluster_is_a_single_machine_run():
-  assert cluster_lib.resolve(config.ClusterOptions(), '{}') is None
-  assert cluster_lib.resolve(config.ClusterOptions(),
+  assert cluster_spec.resolve(config.ClusterOptions(), '{}') is None
+  assert cluster_spec.resolve(config.ClusterOptions(),
                              json.dumps({'cluster': {}})) is None
 
 
@@ -202,29 +203,29 @@ def test_tf_config_without_cluster_is_a_single_machine_run():
 ])
 def test_bad_tf_config_is_named(text, message):
   with pytest.raises(config.ConfigError, match=message):
-    cluster_lib.resolve(config.ClusterOptions(), text)
+    cluster_spec.resolve(config.ClusterOptions(), text)
 
 
 def test_flags_and_tf_config_must_agree():
-  agreeing = cluster_lib.resolve(_options(task=1), _tf_config('worker', 0))
+  agreeing = cluster_spec.resolve(_options(task=1), _tf_config('worker', 0))
   assert agreeing.task == 1 and agreeing.source == 'flags and TF_CONFIG'
   with pytest.raises(config.ConfigError, match='the cluster flags and '
                      'TF_CONFIG disagree: flags say .*this task worker 0, '
                      'TF_CONFIG says .*this task worker 1'):
-    cluster_lib.resolve(_options(task=0), _tf_config('worker', 0))
+    cluster_spec.resolve(_options(task=0), _tf_config('worker', 0))
   with pytest.raises(config.ConfigError, match='disagree'):
-    cluster_lib.resolve(_options(ps_hosts=('127.0.0.1:2229',)),
+    cluster_spec.resolve(_options(ps_hosts=('127.0.0.1:2229',)),
                         _tf_config('chief', 0))
 
 
 def test_tf_config_counts_checked_against_replica_flags():
   with pytest.raises(config.ConfigError, match='--num_replicas=3'):
-    cluster_lib.resolve(config.ClusterOptions(num_replicas=3),
+    cluster_spec.resolve(config.ClusterOptions(num_replicas=3),
                         _tf_config('chief', 0))
 
 
 def test_session_config_sees_only_ps_and_this_worker():
-  c = cluster_lib.resolve(_options(task=1))
+  c = cluster_spec.resolve(_options(task=1))
   base = cluster_lib.tf.ConfigProto(allow_soft_placement=True)
   out = cluster_lib.session_config(c, base)
   assert list(out.device_filters) == ['/job:ps', '/job:worker/task:1']
@@ -236,7 +237,7 @@ def test_session_config_sees_only_ps_and_this_worker():
 # Device placement of the training graph (no server needed).
 # ---------------------------------------------------------------------------
 def _cluster_graph(task, sync, num_ps=2):
-  c = cluster_lib.resolve(_options(
+  c = cluster_spec.resolve(_options(
       task=task, sync_replicas=sync,
       ps_hosts=tuple('127.0.0.1:%d' % (2230 + i) for i in range(num_ps))))
   images, labels = tt.synthetic_batch(2, 17)
@@ -251,7 +252,7 @@ def _cluster_graph(task, sync, num_ps=2):
   if sync:
     # Read by SyncReplicasHook in a session; unused here (TensorFlow would
     # log that).
-    g['optimizer'].ready_for_local_init_op.mark_used()
+    g.optimizer.ready_for_local_init_op.mark_used()
   return c, g
 
 
@@ -262,7 +263,7 @@ def _job_task(device):
 
 def test_cluster_graph_puts_variables_on_ps_and_compute_on_the_worker():
   _, g = _cluster_graph(task=1, sync=True)
-  variables = g['graph'].get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
+  variables = g.graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
   places = {v.op.name: _job_task(v.device) for v in variables}
   assert places['global_step'][0] == 'ps'
   # Weights, BN statistics and momentum slots all live on the ps tasks, and
@@ -270,13 +271,13 @@ def test_cluster_graph_puts_variables_on_ps_and_compute_on_the_worker():
   assert {job for job, _ in places.values()} == {'ps'}, places
   assert {task for _, task in places.values()} == {0, 1}
   # The sync optimizer's local step is this worker's own.
-  local = g['graph'].get_collection(tf.GraphKeys.LOCAL_VARIABLES)
+  local = g.graph.get_collection(tf.GraphKeys.LOCAL_VARIABLES)
   assert [_job_task(v.device) for v in local
           if 'local_step' in v.op.name] == [('worker', 1)]
   # Every computation (both towers, gradient averaging) runs on worker 1,
   # on the CPU devices the trainer asked for; so do the checkpoint writes
   # and reads (files on the chief's host).
-  ops = g['graph'].get_operations()
+  ops = g.graph.get_operations()
   compute = [op for op in ops
              if op.name.startswith(('tower_', 'average_gradients'))
              and op.colocation_groups() == [b'loc:@' + op.name.encode()]
@@ -287,25 +288,25 @@ def test_cluster_graph_puts_variables_on_ps_and_compute_on_the_worker():
   saves = [op for op in ops if op.type in ('SaveV2', 'RestoreV2')]
   assert len(saves) == 2
   assert {_job_task(op.device) for op in saves} == {('worker', 1)}
-  tower1 = [op for op in g['graph'].get_operations()
+  tower1 = [op for op in g.graph.get_operations()
             if op.name.startswith('tower_1/') and
             op.type in ('Conv2D', 'MatMul')]
   assert tower1 and all('CPU:0' in op.device for op in tower1)
-  assert isinstance(g['optimizer'], tf.train.SyncReplicasOptimizer)
+  assert isinstance(g.optimizer, tf.train.SyncReplicasOptimizer)
 
 
 def test_asynchronous_cluster_keeps_the_plain_optimizer():
   _, g = _cluster_graph(task=0, sync=False, num_ps=1)
-  assert isinstance(g['optimizer'], tf.train.MomentumOptimizer)
-  variables = g['graph'].get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
+  assert isinstance(g.optimizer, tf.train.MomentumOptimizer)
+  variables = g.graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
   assert {_job_task(v.device) for v in variables} == {('ps', 0)}
 
 
 def test_worker_lock_files_are_per_task():
   assert cluster_lib.lock_filename(None) == lock_lib.LOCK_FILENAME
-  assert cluster_lib.lock_filename(cluster_lib.resolve(_options())) == (
+  assert cluster_lib.lock_filename(cluster_spec.resolve(_options())) == (
       lock_lib.LOCK_FILENAME)
-  assert cluster_lib.lock_filename(cluster_lib.resolve(_options(task=1))) == (
+  assert cluster_lib.lock_filename(cluster_spec.resolve(_options(task=1))) == (
       '.deeplab-train.worker-1.lock')
 
 

@@ -106,6 +106,7 @@ def test_crop_offsets_follow_the_original(facts):
 
 def test_flip_rate_follows_the_original(facts):
   flips = _draws(lambda seed: bool(preprocess.random_flip_decision(seed)))
+  theirs = int(facts['flip_count'])
   _same_distribution([flips.sum(), DRAWS - flips.sum()],
-                     [facts['flip_count'], facts['draws'] - facts['flip_count']])
+                     [theirs, int(facts['draws']) - theirs])
 

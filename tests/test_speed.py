@@ -21,7 +21,7 @@ from deeplab_train.data import preprocess
 from deeplab_train.model import deeplab
 from deeplab_train.train import graph as graph_lib
 from deeplab_train.train import loss_scale as loss_scale_lib
-from deeplab_train.train import session_config as session_lib
+from deeplab_train.runtime import session_config as session_lib
 
 NUM_CLASSES = 3
 CROP = 33
@@ -76,12 +76,12 @@ def _build(**train_changes):
 
 def _train_losses(g, session_config, steps, after=None):
   """Losses of `steps` steps; then after(sess) if given."""
-  with g['graph'].as_default():
+  with g.graph.as_default():
     init = [tf.global_variables_initializer(),
             tf.local_variables_initializer()]
-  with tf.Session(graph=g['graph'], config=session_config) as sess:
+  with tf.Session(graph=g.graph, config=session_config) as sess:
     sess.run(init)
-    losses = [sess.run([g['train_op'], g['total_loss']])[1]
+    losses = [sess.run([g.train_op, g.total_loss])[1]
               for _ in range(steps)]
     if after is not None:
       after(sess)
@@ -90,12 +90,12 @@ def _train_losses(g, session_config, steps, after=None):
 
 def _partition_graphs(g, session_config):
   """The graphs one training step ran (after rewrites and XLA clustering)."""
-  with g['graph'].as_default():
+  with g.graph.as_default():
     init = tf.global_variables_initializer()
-  with tf.Session(graph=g['graph'], config=session_config) as sess:
+  with tf.Session(graph=g.graph, config=session_config) as sess:
     sess.run(init)
     metadata = tf.RunMetadata()
-    sess.run(g['train_op'],
+    sess.run(g.train_op,
              options=tf.RunOptions(output_partition_graphs=True),
              run_metadata=metadata)
   return metadata.partition_graphs
@@ -211,9 +211,9 @@ def test_bf16_checkpoint_loads_into_fp32_eval_graph(tmp_path):
   g = _build()
   prefix = str(tmp_path / 'model.ckpt')
   _train_losses(g, session_lib.make_session_config('bf16'), 2,
-                after=lambda sess: g['saver'].save(sess, prefix))
+                after=lambda sess: g.saver.save(sess, prefix))
   dtypes = tf.train.load_checkpoint(prefix).get_variable_to_dtype_map()
-  model_names = {v.op.name for v in g['model_variables']}
+  model_names = {v.op.name for v in g.model_variables}
   assert model_names <= set(dtypes)
   assert {dtypes[n] for n in model_names} == {tf.float32}
 
@@ -306,9 +306,9 @@ def test_loss_scale_variables_are_not_checkpointed():
 
 def test_fp16_training_graph_scales_loss_and_trains_on_cpu():
   g = _build(mixed_precision='fp16')
-  scale = g['loss_scale']
+  scale = g.loss_scale
   assert scale is not None
-  with g['graph'].as_default():
+  with g.graph.as_default():
     saved = {v.op.name for v in tf.global_variables()}
   assert not any(name.startswith('loss_scale') for name in saved)
   # On a CPU the fp16 rewrite is skipped (no GPU); the scaling still runs.

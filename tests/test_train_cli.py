@@ -14,7 +14,7 @@ import pytest
 
 from deeplab_train import config
 from deeplab_train.cli import train as train_cli
-from deeplab_train.train import lock as lock_lib
+from deeplab_train.runtime import lock as lock_lib
 
 import train_testing as tt
 

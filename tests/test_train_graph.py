@@ -33,14 +33,14 @@ def _gradients(num_clones, device_pattern, value_for):
       input_fn=tt.constant_input_fn(images, labels),
       model_fn=_deeplab_eval_mode(options), device_pattern=device_pattern)
   session_config = tf.ConfigProto(device_count={'CPU': 2})
-  with tf.Session(graph=g['graph'], config=session_config) as sess:
-    sess.run(tf.variables_initializer(g['graph'].get_collection(
+  with tf.Session(graph=g.graph, config=session_config) as sess:
+    sess.run(tf.variables_initializer(g.graph.get_collection(
         tf.GraphKeys.GLOBAL_VARIABLES)))
-    tt.load_values(sess, g['model_variables'],
+    tt.load_values(sess, g.model_variables,
                    lambda v: value_for(v.op.name, v.shape.as_list()))
-    grads = {v.op.name: grad for grad, v in g['grads_and_vars']}
-    values = sess.run({'grads': grads, 'loss': g['total_loss'],
-                       'reg': g['regularization_loss']})
+    grads = {v.op.name: grad for grad, v in g.grads_and_vars}
+    values = sess.run({'grads': grads, 'loss': g.total_loss,
+                       'reg': g.regularization_loss})
   return g, values
 
 
@@ -54,7 +54,7 @@ def one_and_two_towers():
 def test_two_towers_average_to_the_whole_batch_gradient(one_and_two_towers):
   (g1, one), (g2, two) = one_and_two_towers
   assert sorted(one['grads']) == sorted(two['grads'])
-  assert len(one['grads']) == len(g1['trainable_variables'])
+  assert len(one['grads']) == len(g1.trainable_variables)
   np.testing.assert_allclose(two['loss'], one['loss'], rtol=1e-5)
   np.testing.assert_allclose(two['reg'], one['reg'], rtol=1e-6)
   for name, grad in one['grads'].items():
@@ -67,12 +67,12 @@ def test_two_towers_average_to_the_whole_batch_gradient(one_and_two_towers):
 
 def test_towers_share_one_set_of_variables(one_and_two_towers):
   (g1, _), (g2, _) = one_and_two_towers
-  names1 = sorted(v.op.name for v in g1['model_variables'])
-  names2 = sorted(v.op.name for v in g2['model_variables'])
+  names1 = sorted(v.op.name for v in g1.model_variables)
+  names2 = sorted(v.op.name for v in g2.model_variables)
   assert names1 == names2
   assert not any('tower' in n for n in names2)
   # Weight decay is recorded once, by the tower that creates the variables.
-  towers = g2['towers']
+  towers = g2.towers
   assert towers[0].regularization_losses
   assert not towers[1].regularization_losses
 
@@ -80,7 +80,7 @@ def test_towers_share_one_set_of_variables(one_and_two_towers):
 def test_scopes_and_devices(one_and_two_towers):
   _, _ = one_and_two_towers[0]
   g2 = one_and_two_towers[1][0]
-  graph = g2['graph']
+  graph = g2.graph
   ops = graph.get_operations()
   for scope in ('input/', 'tower_0/', 'tower_1/', 'train/',
                 'average_gradients/'):
@@ -92,7 +92,7 @@ def test_scopes_and_devices(one_and_two_towers):
   assert conv0 and conv1
   assert {_canonical(op.device) for op in conv0} == {'/device:CPU:0'}
   assert {_canonical(op.device) for op in conv1} == {'/device:CPU:1'}
-  for var in g2['model_variables']:
+  for var in g2.model_variables:
     assert _canonical(var.op.device) == '/device:CPU:0', var.op.name
 
 
@@ -120,11 +120,11 @@ def test_batch_norm_updates_of_tower_0_run_with_the_train_op():
       options, train, ignore_label=255,
       input_fn=tt.constant_input_fn(images, labels),
       device_pattern='/cpu:%d')
-  updates0, updates1 = [t.update_ops for t in g['towers']]
+  updates0, updates1 = [t.update_ops for t in g.towers]
   assert updates0 and updates1
   assert all(isinstance(op, tf.Operation) for op in updates0 + updates1)
   assert all(op.name.startswith('tower_0/') for op in updates0)
-  waits_for = _control_inputs(g['train_op'])
+  waits_for = _control_inputs(g.train_op)
   assert set(updates0) <= waits_for
   assert not set(updates1) & waits_for
   # The optimizer's update (which also increments the global step).

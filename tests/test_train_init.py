@@ -60,12 +60,12 @@ def _init_5_classes(prefix, **train_flags):
       options, train, ignore_label=255,
       input_fn=tt.constant_input_fn(images, labels), init_checkpoint=prefix,
       device_pattern='/cpu:%d')
-  with tf.Session(graph=g['graph']) as sess:
+  with tf.Session(graph=g.graph) as sess:
     sess.run(tf.variables_initializer(
-        g['graph'].get_collection(tf.GraphKeys.GLOBAL_VARIABLES)))
-    g['scaffold'].init_fn(sess)  # what the session manager calls
-    values = sess.run({v.op.name: v for v in g['model_variables']})
-  return g['init_plan'], values
+        g.graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)))
+    g.scaffold.init_fn(sess)  # what the session manager calls
+    values = sess.run({v.op.name: v for v in g.model_variables})
+  return g.init_plan, values
 
 
 def test_logits_only_restores_everything_but_the_logits(checkpoint_21):

@@ -9,8 +9,9 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
-from deeplab_train.train import lock as lock_lib
-from deeplab_train.train import run as run_lib
+from deeplab_train.runtime import lock as lock_lib
+from deeplab_train.runtime import result as result_lib
+from deeplab_train.runtime import run as run_lib
 
 import train_testing as tt
 
@@ -149,16 +150,16 @@ def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
 
 
 def test_result_json_is_written_atomically(tmp_path):
-  result = run_lib.RunResult('ok', 'finished', 7, 0.5, '/x/model.ckpt-7', 1.25)
+  result = result_lib.RunResult('ok', 'finished', 7, 0.5, '/x/model.ckpt-7', 1.25)
   path = tmp_path / 'out' / 'result.json'
-  run_lib.write_result_json(result, str(path))
+  result_lib.write_result_json(result, str(path))
   assert json.loads(path.read_text()) == {
       'event': 'result', 'status': 'ok', 'stop_reason': 'finished',
       'global_step': 7, 'loss': 0.5, 'checkpoint': '/x/model.ckpt-7',
       'seconds': 1.25, 'message': ''}
   assert os.listdir(path.parent) == ['result.json']
   # JSON has no NaN: a non-finite loss is reported as a string.
-  nan = run_lib.RunResult('non_finite_loss', 'non_finite_loss', 3,
+  nan = result_lib.RunResult('non_finite_loss', 'non_finite_loss', 3,
                           float('nan'))
   assert json.loads(nan.to_json())['loss'] == 'nan'
 
@@ -197,7 +198,7 @@ def test_loss_falls_when_overfitting_sample_images(tmp_path):
   runs = config.RunOptions(train_logdir=str(tmp_path / 'log'), log_steps=1,
                            save_interval_secs=0,
                            save_summaries_secs=0).validate()
-  from deeplab_train.train import hooks  # pylint: disable=g-import-not-at-top
+  from deeplab_train.runtime import hooks  # pylint: disable=g-import-not-at-top
   original = hooks.ProgressHook._line
 
   def spy(self, r, sec):

@@ -99,7 +99,7 @@ def _build(case_argv, facts, monkeypatch):
 
 
 def _model_variables(g):
-  return [v for v in g['model_variables'] if v is not g['global_step']]
+  return [v for v in g.model_variables if v is not g.global_step]
 
 
 def _unpack(facts, kind):
@@ -120,16 +120,16 @@ def ours(case):
 
 def _one_step(sess, g, variables, start, step, images):
   """Losses and digests of the gradients and of the update, from `start`."""
-  feed = {g['graph'].get_tensor_by_name('input/fixed_images:0'): images}
+  feed = {g.graph.get_tensor_by_name('input/fixed_images:0'): images}
   # Every variable as at the start: weights, and momentum slots at 0.
   sess.run(tf.global_variables_initializer())
   tt.load_values(sess, variables, lambda v: start[v.op.name])
-  g['global_step'].load(step, sess)
+  g.global_step.load(step, sess)
   before = sess.run({
-      'total': g['total_loss'], 'ce': g['data_loss'],
-      'reg': g['regularization_loss'],
-      'grads': {v.op.name: grad for grad, v in g['grads_and_vars']}}, feed)
-  sess.run(g['train_op'], feed)
+      'total': g.total_loss, 'ce': g.data_loss,
+      'reg': g.regularization_loss,
+      'grads': {v.op.name: grad for grad, v in g.grads_and_vars}}, feed)
+  sess.run(g.train_op, feed)
   after = sess.run({v.op.name: v for v in variables})
   update = {n: a.astype(np.float64) - start[n] for n, a in after.items()}
   return {'losses': before, 'grad': step_digest.digests(before['grads']),
@@ -155,13 +155,13 @@ def run_ours(name, argv, facts):
            for v in variables}
   images = facts['images'].astype(np.float32)
   step = int(facts['global_step'])
-  with tf.Session(graph=g['graph']) as sess:
+  with tf.Session(graph=g.graph) as sess:
     sess.run(tf.global_variables_initializer())
     fresh = initializer_facts.record(sess, variables)
     rates = []
     for s in facts['learning_rate_steps']:
-      g['global_step'].load(int(s), sess)
-      rates.append(sess.run(g['learning_rate']))
+      g.global_step.load(int(s), sess)
+      rates.append(sess.run(g.learning_rate))
     out = _one_step(sess, g, variables, start, step, images)
     rng = np.random.default_rng(0)
     nudged = [_one_step(sess, g, variables, start, step, images + rng.uniform(

@@ -38,7 +38,7 @@ from deeplab_train.cli import train as train_cli
 from deeplab_train.data import datasets
 from deeplab_train.model import registry
 from deeplab_train.train import graph as graph_lib
-from deeplab_train.train import session_config as session_lib
+from deeplab_train.runtime import session_config as session_lib
 
 FLAGS = flags.FLAGS
 COMMAND = 'deeplab-bench'

@@ -53,9 +53,11 @@ from deeplab_train.cli import common_flags
 from deeplab_train.data import datasets
 from deeplab_train.data import pipeline
 from deeplab_train.model import registry
-from deeplab_train.train import cluster as cluster_lib
+from deeplab_train.runtime import cluster as cluster_lib
+from deeplab_train.runtime import cluster_spec
 from deeplab_train.train import inputs
-from deeplab_train.train import run as run_lib
+from deeplab_train.runtime import result as result_lib
+from deeplab_train.runtime import run as run_lib
 
 FLAGS = flags.FLAGS
 COMMAND = 'deeplab-train'
@@ -348,7 +350,7 @@ def report(result, result_json=None):
   print(result.to_json(), flush=True)
   if result_json:
     try:
-      run_lib.write_result_json(result, result_json)
+      result_lib.write_result_json(result, result_json)
     except OSError as e:
       logging.error('cannot write --result_json=%s: %s', result_json, e)
 
@@ -360,8 +362,8 @@ def main(argv):
     if len(argv) > 1:
       raise config.ConfigError('unexpected arguments %s (flags are written '
                                '--name=value)' % ' '.join(argv[1:]))
-    cluster = cluster_lib.resolve(cluster_options(),
-                                  os.environ.get(cluster_lib.TF_CONFIG))
+    cluster = cluster_spec.resolve(cluster_options(),
+                                  os.environ.get(cluster_spec.TF_CONFIG))
     if cluster is not None and cluster.is_ps:
       cluster_lib.serve(cluster)  # until killed
     if FLAGS.master and cluster is not None:
@@ -372,18 +374,18 @@ def main(argv):
     result = run_lib.train(start_time=start, cluster=cluster,
                            master=FLAGS.master, **job)
   except config.ConfigError as e:
-    result = run_lib.RunResult('bad_input', 'bad_input',
+    result = result_lib.RunResult('bad_input', 'bad_input',
                                seconds=time.time() - start, message=str(e))
   except Exception as e:  # pylint: disable=broad-except
     logging.exception('%s failed', COMMAND)
-    result = run_lib.RunResult('error', 'error', seconds=time.time() - start,
+    result = result_lib.RunResult('error', 'error', seconds=time.time() - start,
                                message='%s: %s' % (type(e).__name__, e))
   report(result, FLAGS.result_json)
   return result.exit_code
 
 
 def _print_bad_flags(message):
-  print(run_lib.RunResult('bad_input', 'bad_input',
+  print(result_lib.RunResult('bad_input', 'bad_input',
                           message=message).to_json(), flush=True)
 
 

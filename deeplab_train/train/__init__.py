@@ -1,8 +1,6 @@
-"""Training: losses, learning-rate schedules, towers, the training graph,
-initialisation from a checkpoint, session hooks, the logdir lock and the
-run loop behind `deeplab-train`.
-
-- `graph.build_training_graph`: the whole graph in one call (a dict of what
-  the session needs).
-- `run.train`: lock, resume / initialise, train, stop, report a RunResult.
+"""Training graphs, maths only: losses, learning-rate schedules, towers and
+gradient averaging, the initialisation plan from a checkpoint, and
+`graph.build_training_graph`, which returns one typed `TrainingGraph` (what
+a session needs). Running it (lock, hooks, sessions, clusters, the result)
+is `deeplab_train.runtime`.
 """

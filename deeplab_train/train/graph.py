@@ -8,6 +8,7 @@ are plain ('total_loss', 'learning_rate', 'losses/...', variable names).
 """
 import contextlib
 import dataclasses
+from typing import Any, List, Optional
 
 from absl import logging
 import tensorflow.compat.v1 as tf
@@ -15,7 +16,6 @@ import tensorflow.compat.v1 as tf
 from deeplab_train import config
 from deeplab_train.model import registry
 from deeplab_train.train import checkpoint_init
-from deeplab_train.train import hooks
 from deeplab_train.train import learning_rate as lr_lib
 from deeplab_train.train import loss_scale
 from deeplab_train.train import losses
@@ -25,6 +25,73 @@ from deeplab_train.train import towers as towers_lib
 # Weight decay when neither the flag nor the backbone says otherwise (the
 # original's --weight_decay default).
 DEFAULT_WEIGHT_DECAY = 4e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingGraph:
+  """Everything a training session needs, as `build_training_graph` made it.
+
+  Attributes:
+    graph: the tf.Graph holding all of it.
+    global_step: the step variable.
+    step_after: the step after an update (fetch only with train_op).
+    total_loss / data_loss: scalar losses (data_loss: the towers' mean
+      cross-entropy; total_loss adds the weight decay).
+    regularization_loss: the weight-decay loss, or None without any.
+    learning_rate: the scheduled rate.
+    train_op: one update (gradients, optimizer, tower 0's BN updates).
+    all_finite: the loss and the updated weights are finite (fetch only with
+      train_op).
+    summary_op: merged training summaries.
+    saver: saves everything needed to resume exactly.
+    scaffold: the session scaffold (saver, summary op, init_fn).
+    init_plan: the restore from the initial checkpoint, or None.
+    towers: the built `towers.Tower`s.
+    model_variables / trainable_variables: what the network created.
+    grads_and_vars: averaged gradients after the multipliers.
+    last_layer_scopes: scopes of the last layers.
+    batch_size: images per step (all towers).
+    optimizer: the optimizer (possibly wrapped for a cluster).
+    loss_scale: the fp16 DynamicLossScale, else None.
+  """
+  graph: tf.Graph
+  global_step: Any
+  step_after: tf.Tensor
+  total_loss: tf.Tensor
+  data_loss: tf.Tensor
+  regularization_loss: Optional[tf.Tensor]
+  learning_rate: tf.Tensor
+  train_op: tf.Operation
+  all_finite: tf.Tensor
+  summary_op: tf.Tensor
+  saver: tf.train.Saver
+  scaffold: tf.train.Scaffold
+  init_plan: Optional[Any]
+  towers: List[Any]
+  model_variables: List[Any]
+  trainable_variables: List[Any]
+  grads_and_vars: List[Any]
+  last_layer_scopes: List[str]
+  batch_size: int
+  optimizer: Any
+  loss_scale: Optional[Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Losses:
+  total_loss: tf.Tensor
+  data_loss: tf.Tensor
+  regularization_loss: Optional[tf.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Update:
+  grads_and_vars: List[Any]
+  optimizer: Any
+  loss_scale: Optional[Any]
+  train_op: tf.Operation
+  step_after: tf.Tensor
+  all_finite: tf.Tensor
 
 
 def effective_weight_decay(train_options, model_variant):
@@ -121,13 +188,7 @@ def build_training_graph(model_options, train_options, *, ignore_label,
       optimizer (e.g. SyncReplicasOptimizer), or None.
 
   Returns:
-    A dict: graph, global_step, step_after (the step after an update; fetch
-    only with train_op), total_loss, data_loss, regularization_loss,
-    learning_rate, train_op, all_finite (loss and updated weights finite;
-    fetch only with train_op), summary_op, saver, scaffold, init_plan (or
-    None), towers, model_variables, trainable_variables, grads_and_vars,
-    last_layer_scopes, batch_size, optimizer, loss_scale (the fp16
-    DynamicLossScale, else None).
+    A TrainingGraph.
 
   Raises:
     ConfigError: the initial checkpoint does not fit the model.
@@ -152,26 +213,37 @@ def build_training_graph(model_options, train_options, *, ignore_label,
         tower_fn, towers_lib.tower_devices(
             train_options.num_clones, train_options.clone_on_cpu,
             device_pattern), variables_device)
-    g = {'graph': graph, 'global_step': global_step, 'towers': towers,
-         'model_variables': [v for v in tf.global_variables()
-                             if v not in before],
-         'trainable_variables': [v for v in tf.trainable_variables()
-                                 if v not in before],
-         'last_layer_scopes': last_layer_scopes,
-         'batch_size': train_options.train_batch_size}
-    _add_train_op(g, train_options, input_device, wrap_optimizer)
-    g['summary_op'] = _summary_op(g, train_options.save_summaries_images,
-                                  model_options.num_classes)
+    model_variables = [v for v in tf.global_variables() if v not in before]
+    trainable = [v for v in tf.trainable_variables() if v not in before]
+    with tf.name_scope('train') as train_scope:
+      losses_ = _losses(towers)
+      rate = lr_lib.learning_rate(global_step, train_options)
+    update = _update(towers, losses_, rate, global_step, trainable,
+                     model_variables, last_layer_scopes, train_options,
+                     train_scope, input_device, wrap_optimizer)
+    summary_op = _summary_op(losses_, rate, towers[0], model_variables,
+                             train_options.save_summaries_images,
+                             model_options.num_classes)
     # Everything needed to resume exactly: global step, momentum slots,
     # batch-norm moving statistics.
-    g['saver'] = tf.train.Saver(max_to_keep=keep_checkpoint_max,
-                                save_relative_paths=True)
-    g['init_plan'] = _init_plan(init_checkpoint, g['model_variables'],
-                                train_options, last_layer_scopes)
-    g['scaffold'] = tf.train.Scaffold(
-        init_fn=g['init_plan'].init_fn if g['init_plan'] else None,
-        saver=g['saver'], summary_op=g['summary_op'])
-  return g
+    saver = tf.train.Saver(max_to_keep=keep_checkpoint_max,
+                           save_relative_paths=True)
+    init_plan = _init_plan(init_checkpoint, model_variables, train_options,
+                           last_layer_scopes)
+    scaffold = tf.train.Scaffold(
+        init_fn=init_plan.init_fn if init_plan else None,
+        saver=saver, summary_op=summary_op)
+  return TrainingGraph(
+      graph=graph, global_step=global_step, step_after=update.step_after,
+      total_loss=losses_.total_loss, data_loss=losses_.data_loss,
+      regularization_loss=losses_.regularization_loss, learning_rate=rate,
+      train_op=update.train_op, all_finite=update.all_finite,
+      summary_op=summary_op, saver=saver, scaffold=scaffold,
+      init_plan=init_plan, towers=towers, model_variables=model_variables,
+      trainable_variables=trainable, grads_and_vars=update.grads_and_vars,
+      last_layer_scopes=last_layer_scopes,
+      batch_size=train_options.train_batch_size, optimizer=update.optimizer,
+      loss_scale=update.loss_scale)
 
 
 def _device_scope(device):
@@ -215,22 +287,25 @@ def _tower_fn(shares, model_fn, num_classes, ignore_label, train_options,
   return tower_fn
 
 
-def _add_train_op(g, train_options, cpu, wrap_optimizer=None):
-  """Losses, averaged and multiplied gradients, the momentum update."""
-  towers, trainable = g['towers'], g['trainable_variables']
-  with tf.name_scope('train') as train_scope:
-    reg_losses = towers[0].regularization_losses
-    g['regularization_loss'] = (
-        tf.add_n(reg_losses, name='regularization_loss') if reg_losses
-        else None)
-    data_loss = tf.add_n([t.data_loss for t in towers]) / float(len(towers))
-    g['data_loss'] = tf.identity(data_loss, name='data_loss')
-    total_loss = g['data_loss']
-    if g['regularization_loss'] is not None:
-      total_loss += g['regularization_loss']
-    g['total_loss'] = tf.identity(total_loss, name='total_loss')
-    g['learning_rate'] = lr_lib.learning_rate(g['global_step'],
-                                              train_options)
+def _losses(towers):
+  """The towers' mean data loss, tower 0's weight decay, their sum."""
+  reg_losses = towers[0].regularization_losses
+  regularization = (tf.add_n(reg_losses, name='regularization_loss')
+                    if reg_losses else None)
+  data_loss = tf.add_n([t.data_loss for t in towers]) / float(len(towers))
+  data_loss = tf.identity(data_loss, name='data_loss')
+  total = data_loss
+  if regularization is not None:
+    total += regularization
+  return _Losses(total_loss=tf.identity(total, name='total_loss'),
+                 data_loss=data_loss, regularization_loss=regularization)
+
+
+def _update(towers, losses_, learning_rate, global_step, trainable,
+            model_variables, last_layer_scopes, train_options, train_scope,
+            cpu, wrap_optimizer=None):
+  """Averaged and multiplied gradients, the optimizer's update, tower 0's
+  batch-norm updates, and the checks fetched with them."""
   scale = None
   if train_options.mixed_precision == 'fp16':
     if wrap_optimizer is not None:
@@ -239,38 +314,43 @@ def _add_train_op(g, train_options, cpu, wrap_optimizer=None):
                                'which replicas cannot agree on)')
     with tf.name_scope(train_scope), tf.device(cpu):
       scale = loss_scale.DynamicLossScale()
-  towers_for_grads, reg_loss = _scaled_losses(towers, g['regularization_loss'],
-                                              scale)
+  towers_for_grads, reg_loss = _scaled_losses(
+      towers, losses_.regularization_loss, scale)
   grads_and_vars = towers_lib.averaged_gradients(
       towers_for_grads, trainable, reg_loss, average_device=cpu)
   with tf.name_scope(train_scope), tf.device(cpu):
     if scale is not None:
       grads_and_vars = scale.unscale(grads_and_vars)
-    g['grads_and_vars'] = towers_lib.multiply_gradients(
+    grads_and_vars = towers_lib.multiply_gradients(
         grads_and_vars, scopes.gradient_multipliers(
-            trainable, g['last_layer_scopes'],
+            trainable, last_layer_scopes,
             train_options.last_layer_gradient_multiplier))
-    optimizer = _optimizer(train_options, g['learning_rate'])
+    optimizer = _optimizer(train_options, learning_rate)
     if wrap_optimizer is not None:
       optimizer = wrap_optimizer(optimizer)
-    g['optimizer'] = optimizer
-    g['loss_scale'] = scale
     if scale is None:
-      apply_op = optimizer.apply_gradients(g['grads_and_vars'],
-                                           global_step=g['global_step'])
+      apply_op = optimizer.apply_gradients(grads_and_vars,
+                                           global_step=global_step)
     else:
       # A step with non-finite gradients is skipped and the scale halved.
-      apply_op = scale.apply_gradients(optimizer, g['grads_and_vars'],
-                                       global_step=g['global_step'])
+      apply_op = scale.apply_gradients(optimizer, grads_and_vars,
+                                       global_step=global_step)
     # BN moving averages are updated from tower 0's batch, as the original.
-    g['train_op'] = tf.group(apply_op, *towers[0].update_ops,
-                             name='train_op')
-    with tf.control_dependencies([g['train_op']]):
-      g['step_after'] = tf.identity(g['global_step'].read_value(),
-                                    name='step_after')
-      g['all_finite'] = tf.logical_and(
-          tf.math.is_finite(g['total_loss']),
-          hooks.weights_are_finite(g['model_variables']), name='all_finite')
+    train_op = tf.group(apply_op, *towers[0].update_ops, name='train_op')
+    with tf.control_dependencies([train_op]):
+      step_after = tf.identity(global_step.read_value(), name='step_after')
+      all_finite = tf.logical_and(
+          tf.math.is_finite(losses_.total_loss),
+          _weights_are_finite(model_variables), name='all_finite')
+  return _Update(grads_and_vars=grads_and_vars, optimizer=optimizer,
+                 loss_scale=scale, train_op=train_op, step_after=step_after,
+                 all_finite=all_finite)
+
+
+def _weights_are_finite(variables):
+  """bool tensor: every value of `variables` is finite."""
+  return tf.reduce_all(tf.stack(
+      [tf.reduce_all(tf.math.is_finite(v)) for v in variables]))
 
 
 def _optimizer(train_options, learning_rate):
@@ -298,22 +378,22 @@ def _scaled_losses(towers, regularization_loss, scale):
   return scaled, regularization_loss
 
 
-def _summary_op(g, with_images, num_classes):
+def _summary_op(losses_, learning_rate, tower0, model_variables,
+                with_images, num_classes):
   """Losses, learning rate, variable histograms (and sample images)."""
   # No name scope here: it would prefix every TensorBoard tag.
-  summaries = [tf.summary.scalar('losses/total_loss', g['total_loss']),
-               tf.summary.scalar('losses/data_loss', g['data_loss']),
-               tf.summary.scalar('learning_rate', g['learning_rate'])]
-  if g['regularization_loss'] is not None:
+  summaries = [tf.summary.scalar('losses/total_loss', losses_.total_loss),
+               tf.summary.scalar('losses/data_loss', losses_.data_loss),
+               tf.summary.scalar('learning_rate', learning_rate)]
+  if losses_.regularization_loss is not None:
     summaries.append(tf.summary.scalar('losses/regularization_loss',
-                                       g['regularization_loss']))
-  tower0 = g['towers'][0]
+                                       losses_.regularization_loss))
   for scale, loss in sorted(tower0.losses.items()):
     summaries.append(tf.summary.scalar('losses/tower_0/%s' % scale, loss))
   # Under 'variables/': a tag equal to a variable's op name would get
   # uniquified to 'name_1'.
   summaries += [tf.summary.histogram('variables/' + v.op.name, v)
-                for v in g['model_variables']]
+                for v in model_variables]
   if with_images:
     summaries += _image_summaries(tower0, num_classes)
   return tf.summary.merge(summaries)

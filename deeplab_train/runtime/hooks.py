@@ -235,11 +235,5 @@ class ProgressHook(tf.train.SessionRunHook):
     return '  '.join(parts)
 
 
-def weights_are_finite(variables):
-  """bool tensor: every value of `variables` is finite."""
-  return tf.reduce_all(tf.stack(
-      [tf.reduce_all(tf.math.is_finite(v)) for v in variables]))
-
-
 def is_finite_number(x):
   return x is not None and bool(np.isfinite(x))

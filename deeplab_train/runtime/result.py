@@ -1,0 +1,51 @@
+"""How a command ended: the result every command reports as one JSON line,
+and the exit code each status maps to.
+
+  ok               0  done: finished, time budget, SIGTERM/SIGINT (a final
+                      checkpoint is written), or nothing to do
+  error            1  anything unexpected
+  bad_input        2  bad flags, dataset, checkpoint or records
+  non_finite_loss  3  NaN/inf loss or weights; no checkpoint of that step
+  locked          75  another live run holds the logdir (EX_TEMPFAIL)
+"""
+import dataclasses
+import json
+from typing import Optional
+
+from deeplab_train import atomic
+from deeplab_train.runtime import hooks as hooks_lib
+
+EXIT_CODES = {'ok': 0, 'error': 1, 'bad_input': 2, 'non_finite_loss': 3,
+              'locked': 75}
+
+
+@dataclasses.dataclass
+class RunResult:
+  """How a run ended (see the module docstring for statuses)."""
+  status: str
+  stop_reason: str
+  global_step: Optional[int] = None
+  loss: Optional[float] = None
+  checkpoint: Optional[str] = None
+  seconds: float = 0.0
+  message: str = ''
+
+  @property
+  def exit_code(self):
+    return EXIT_CODES[self.status]
+
+  def to_dict(self):
+    d = {'event': 'result'}
+    d.update(dataclasses.asdict(self))
+    d['seconds'] = round(self.seconds, 3)
+    if d['loss'] is not None and not hooks_lib.is_finite_number(d['loss']):
+      d['loss'] = str(d['loss'])  # JSON has no NaN
+    return d
+
+  def to_json(self):
+    return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def write_result_json(result, path):
+  """Writes the result to `path` under a temporary name, then renames."""
+  atomic.write_bytes(path, (result.to_json() + '\n').encode('utf-8'))

@@ -1,0 +1,395 @@
+"""A training run: lock, resume or initialise, train, stop, report.
+
+`train` is what `deeplab-train` calls. It never raises for the outcomes a
+cron job must tell apart; it returns a `RunResult` (result.py) whose status
+maps to the exit code. Order of precedence for the starting weights: a
+checkpoint in train_logdir (resume), else --tf_initial_checkpoint, else
+random initialisation.
+
+A `TrainingRun` has a `Role`. The local run and a cluster's chief decide
+the starting weights, write the checkpoints, summaries and
+deeplab_config.json and hold the logdir lock; another worker locks only its
+own task (`.deeplab-train.worker-<i>.lock`), waits for the chief (its
+JoinHook), and reports no checkpoint.
+"""
+import dataclasses
+import enum
+import functools
+import os
+import time
+from typing import Any, List, Optional
+
+from absl import logging
+import tensorflow.compat.v1 as tf
+
+from deeplab_train import config
+from deeplab_train.runtime import cluster as cluster_lib
+from deeplab_train.runtime import hooks as hooks_lib
+from deeplab_train.runtime import lock as lock_lib
+from deeplab_train.runtime import session_config as session_lib
+from deeplab_train.runtime.result import RunResult
+from deeplab_train.train import checkpoint_init
+from deeplab_train.train import graph as graph_lib
+from deeplab_train.train import inputs
+
+# Steps between two Chrome traces with --profile_logdir.
+PROFILE_STEPS = 100
+
+
+def checkpoint_step(prefix):
+  """The global step stored in a checkpoint (0 when it has none)."""
+  reader = tf.train.NewCheckpointReader(prefix)
+  if reader.has_tensor('global_step'):
+    return int(reader.get_tensor('global_step'))
+  return 0
+
+
+def default_session_config(train_options=None):
+  """Soft placement (ops without a GPU kernel go to the CPU), threads on
+  every core, and the XLA / mixed-precision settings of `train_options`."""
+  if train_options is None:
+    return session_lib.make_session_config()
+  return session_lib.from_train_options(train_options)
+
+
+class Role(enum.Enum):
+  """What this process is in its run."""
+  LOCAL = 'local'    # a single-machine run
+  CHIEF = 'chief'    # worker 0 of a cluster
+  WORKER = 'worker'  # another worker of a cluster
+
+  @classmethod
+  def of(cls, cluster):
+    if cluster is None:
+      return cls.LOCAL
+    return cls.CHIEF if cluster.is_chief else cls.WORKER
+
+  @property
+  def decides_weights(self):
+    """Restores, initialises, checkpoints and saves the run config: the
+    local run and the chief; a worker trains what the chief prepared."""
+    return self is not Role.WORKER
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """What a training run is made of (see `train` for the fields)."""
+  model_options: Any
+  train_options: Any
+  run_options: Any
+  ignore_label: int
+  input_fn: Any
+  preprocess_options: Any = None
+  dataset: Any = None
+  model_fn: Any = None
+  last_layer_scopes: Any = None
+  session_config: Any = None
+  device_pattern: Optional[str] = None
+
+
+@dataclasses.dataclass
+class _Hooks:
+  """The session hooks of a run, with the ones the result is read from."""
+  all: List[Any]
+  progress: hooks_lib.ProgressHook
+  checkpoints: Optional[hooks_lib.CheckpointHook]  # None for a worker
+  join: Optional[Any]  # a worker's cluster.JoinHook, else None
+
+
+def train(model_options, train_options, run_options, *, ignore_label,
+          input_fn, preprocess_options=None, dataset=None, model_fn=None,
+          last_layer_scopes=None, session_config=None, device_pattern=None,
+          handle_signals=True, master='', start_time=None, cluster=None):
+  """Runs (or resumes) training in `run_options.train_logdir`.
+
+  Args:
+    model_options: validated ModelOptions (crop_size = training crop).
+    train_options: validated TrainOptions.
+    run_options: validated RunOptions.
+    ignore_label: the dataset's ignore label.
+    input_fn: see `graph.build_training_graph`.
+    preprocess_options / dataset: saved with the model options in
+      deeplab_config.json for eval, vis and export (skipped when None).
+    model_fn, last_layer_scopes, device_pattern: see build_training_graph.
+    session_config: tf.ConfigProto (default: `default_session_config` of
+      train_options: soft placement, threads, XLA, mixed precision).
+    handle_signals: stop cleanly on SIGTERM/SIGINT (main thread only).
+    master: TensorFlow master for the session ('' = in-process).
+    start_time: time.time() when the command started (for the budget).
+    cluster: a cluster_spec.Cluster (a worker task) to train on, or None for
+      a single-machine run; its server is started here and is the master.
+
+  Returns:
+    A RunResult.
+  """
+  spec = RunSpec(model_options, train_options, run_options, ignore_label,
+                 input_fn, preprocess_options, dataset, model_fn,
+                 last_layer_scopes, session_config, device_pattern)
+  return TrainingRun(spec, cluster, master, start_time).execute(
+      handle_signals)
+
+
+class TrainingRun:
+  """One training run in this process, in its role.
+
+  It owns the stop state (signals, time budget), the lock, the hooks, the
+  session and the result; the role decides who restores and checkpoints.
+  """
+
+  def __init__(self, spec, cluster=None, master='', start_time=None):
+    self.spec = spec
+    self.cluster = cluster
+    self.role = Role.of(cluster)
+    self.master = master
+    self.start = start_time or time.time()
+    self.stop = hooks_lib.StopState()
+    self.signals = hooks_lib.SignalStopHook(self.stop)
+
+  def elapsed(self):
+    return time.time() - self.start
+
+  def _result(self, status, stop_reason, **fields):
+    return RunResult(status, stop_reason, seconds=self.elapsed(), **fields)
+
+  def execute(self, handle_signals=True):
+    """Locks the logdir and trains; every expected ending is a result."""
+    logdir = self.spec.run_options.train_logdir
+    os.makedirs(logdir, exist_ok=True)
+    if handle_signals:
+      self.signals.install()
+    try:
+      with lock_lib.LogdirLock(logdir,
+                               cluster_lib.lock_filename(self.cluster)):
+        if self.cluster is not None:
+          _check_cluster_run(self.spec.run_options)
+          self.master = cluster_lib.start_server(self.cluster).target
+        return self._train_locked()
+    except lock_lib.LogdirLockedError as e:
+      return self._result('locked', 'locked', message=str(e))
+    except config.ConfigError as e:
+      return self._result('bad_input', 'bad_input', message=str(e))
+    finally:
+      if handle_signals:
+        self.signals.restore()
+
+  def _starting_point(self):
+    """(latest logdir checkpoint or None, its step, init checkpoint or
+    None); a worker learns its step when it joins (cluster.JoinHook)."""
+    if not self.role.decides_weights:
+      return None, 0, None
+    return _starting_point(self.spec.train_options, self.spec.run_options)
+
+  def _train_locked(self):
+    spec = self.spec
+    latest, start_step, init = self._starting_point()
+    target = spec.train_options.training_number_of_steps
+    if start_step >= target:
+      message = ('nothing to do: %s is at step %d, '
+                 '--training_number_of_steps=%d'
+                 % (spec.run_options.train_logdir, start_step, target))
+      logging.info(message)
+      return self._result('ok', 'nothing_to_do', global_step=start_step,
+                          checkpoint=latest, message=message)
+    last_step = target
+    if spec.run_options.num_steps_more:
+      last_step = min(target, start_step + spec.run_options.num_steps_more)
+    g = graph_lib.build_training_graph(
+        spec.model_options, spec.train_options,
+        ignore_label=spec.ignore_label, input_fn=spec.input_fn,
+        model_fn=spec.model_fn, last_layer_scopes=spec.last_layer_scopes,
+        init_checkpoint=init,
+        keep_checkpoint_max=spec.run_options.keep_checkpoint_max,
+        device_pattern=spec.device_pattern,
+        **_cluster_graph_args(self.cluster))
+    if (self.role.decides_weights and spec.preprocess_options is not None
+        and spec.dataset is not None):
+      config.save_run_config(spec.run_options.train_logdir,
+                             spec.model_options, spec.preprocess_options,
+                             spec.dataset)
+    logging.info('Training %s from step %d to %d: batch %d on %d tower(s), '
+                 'crop %s, output stride %d', spec.model_options.model_variant,
+                 start_step, last_step, spec.train_options.train_batch_size,
+                 spec.train_options.num_clones, spec.model_options.crop_size,
+                 spec.model_options.output_stride)
+    if self.stop.reason:
+      # Signalled while the graph was built: nothing trained, nothing saved.
+      return self._result('ok', self.stop.reason, global_step=start_step,
+                          checkpoint=latest,
+                          message='stopped before training (%s)'
+                          % self.stop.reason)
+    return self._session_loop(g, last_step, target, start_step)
+
+  def _hooks(self, g, last_step):
+    """The hooks, in the order their after_run must run (see hooks.py)."""
+    run_options = self.spec.run_options
+    progress = hooks_lib.ProgressHook(
+        {'loss': g.total_loss, 'learning_rate': g.learning_rate,
+         'step': g.step_after}, g.batch_size, last_step,
+        run_options.log_steps)
+    join = checkpoints = None
+    hook_list = []
+    if self.role is Role.WORKER:
+      join = cluster_lib.JoinHook(g.global_step, last_step,
+                                  self.cluster.startup_step())
+      hook_list.append(join)
+    hook_list += [hooks_lib.NonFiniteGuardHook(g.total_loss, g.all_finite,
+                                               g.step_after),
+                  progress, tf.train.StopAtStepHook(last_step=last_step),
+                  self.signals]
+    if run_options.max_run_seconds:
+      hook_list.append(hooks_lib.TimeBudgetHook(run_options.max_run_seconds,
+                                                self.start, self.stop))
+    if self.role.decides_weights:
+      checkpoints = hooks_lib.CheckpointHook(
+          g.saver, run_options.train_logdir, g.global_step, g.step_after,
+          save_secs=run_options.save_interval_secs,
+          save_steps=run_options.save_interval_steps)
+      hook_list += [checkpoints] + self._chief_output_hooks(g)
+    if self.cluster is not None:
+      hook_list += cluster_lib.optimizer_hooks(g.optimizer, self.cluster,
+                                               g.global_step, last_step)
+    return _Hooks(hook_list, progress, checkpoints, join)
+
+  def _chief_output_hooks(self, g):
+    """Summaries and profiles: written by the one who writes checkpoints."""
+    run_options = self.spec.run_options
+    out = []
+    if run_options.save_summaries_secs:
+      out.append(tf.train.SummarySaverHook(
+          save_secs=run_options.save_summaries_secs,
+          output_dir=run_options.train_logdir, summary_op=g.summary_op))
+    if run_options.profile_logdir:
+      os.makedirs(run_options.profile_logdir, exist_ok=True)
+      out.append(tf.train.ProfilerHook(
+          save_steps=PROFILE_STEPS, output_dir=run_options.profile_logdir))
+    return out
+
+  def _open_session(self, g, hook_list):
+    """The MonitoredSession of a single-machine run or of a cluster task."""
+    session_config = (self.spec.session_config or
+                      default_session_config(self.spec.train_options))
+    logdir = self.spec.run_options.train_logdir
+    if self.cluster is None:
+      return tf.train.MonitoredTrainingSession(
+          master=self.master, is_chief=True, checkpoint_dir=logdir,
+          scaffold=g.scaffold, hooks=hook_list, save_checkpoint_secs=None,
+          save_checkpoint_steps=None, save_summaries_steps=None,
+          save_summaries_secs=None, log_step_count_steps=None,
+          config=session_config)
+    creator = cluster_lib.session_creator(
+        self.cluster, g.scaffold, self.master,
+        cluster_lib.session_config(self.cluster, session_config), logdir)
+    return tf.train.MonitoredSession(
+        session_creator=creator, hooks=hook_list,
+        stop_grace_period_secs=cluster_lib.STOP_GRACE_SECS)
+
+  def _session_loop(self, g, last_step, target, start_step):
+    logdir = self.spec.run_options.train_logdir
+    with g.graph.as_default():
+      hooks = self._hooks(g, last_step)
+    try:
+      with g.graph.as_default():
+        with self._open_session(g, hooks.all) as sess:
+          while not sess.should_stop():
+            sess.run(g.train_op)
+    except hooks_lib.NonFiniteLossError as e:
+      logging.error('%s', e)
+      return self._result('non_finite_loss', 'non_finite_loss',
+                          global_step=e.step, loss=e.loss,
+                          checkpoint=tf.train.latest_checkpoint(logdir),
+                          message=str(e))
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+      message = inputs.input_error_message(e)
+      if message is None:
+        raise
+      logging.error('%s', message)
+      return self._result('bad_input', 'bad_input',
+                          global_step=hooks.progress.step,
+                          loss=hooks.progress.loss,
+                          checkpoint=tf.train.latest_checkpoint(logdir),
+                          message=message)
+    finally:
+      # Flushes and closes the summary writers (also after an error).
+      tf.summary.FileWriterCache.clear()
+    return self._end(hooks, last_step, target, start_step)
+
+  def _end(self, hooks, last_step, target, start_step):
+    """The result of a session loop that ended without an error."""
+    progress = hooks.progress
+    step = progress.step if progress.step is not None else start_step
+    checkpoint = (hooks.checkpoints.last_checkpoint if hooks.checkpoints
+                  else None)
+    if self.cluster is not None and checkpoint:
+      # Other workers may have updated after the chief's last step (they
+      # do in asynchronous mode): report the step the checkpoint holds.
+      step = max(step, checkpoint_step(checkpoint))
+    if self.stop.reason:
+      reason = self.stop.reason
+    elif step >= last_step:
+      reason = 'finished' if last_step == target else 'num_steps_more'
+    elif self.role is Role.WORKER:
+      return self._worker_end(hooks.join, progress)
+    else:
+      return self._result(
+          'bad_input', 'input_exhausted', global_step=step,
+          loss=progress.loss, checkpoint=checkpoint,
+          message=('the input ended at step %d before step %d: is the '
+                   'training split empty?' % (step, last_step)))
+    where = ('checkpoint %s' % checkpoint if self.role.decides_weights
+             else 'the chief writes the checkpoints')
+    return self._result('ok', reason, global_step=step, loss=progress.loss,
+                        checkpoint=checkpoint,
+                        message='stopped at step %d (%s); %s'
+                        % (step, reason, where))
+
+  def _worker_end(self, join_hook, progress):
+    """A non-chief worker that stopped before the last step: the run was
+    already over when it joined, or the chief ended it."""
+    if join_hook.finished_step is not None:
+      return self._result(
+          'ok', 'nothing_to_do', global_step=join_hook.finished_step,
+          message='the run was already at step %d when this worker joined'
+          % join_hook.finished_step)
+    step = progress.step
+    return self._result('ok', 'chief_stopped', global_step=step,
+                        loss=progress.loss,
+                        message='the chief ended the run; this worker '
+                        'stopped at step %s' % step)
+
+
+def _check_cluster_run(run_options):
+  if run_options.num_steps_more:
+    raise config.ConfigError(
+        '--num_steps_more is not supported on a cluster (every worker would '
+        'need the chief\'s checkpoint step): raise --training_number_of_steps '
+        'instead')
+
+
+def _starting_point(train_options, run_options):
+  """(latest logdir checkpoint or None, its step, init checkpoint or None)."""
+  logdir = run_options.train_logdir
+  latest = tf.train.latest_checkpoint(logdir)
+  step = checkpoint_step(latest) if latest else 0
+  init = None
+  if train_options.tf_initial_checkpoint:
+    if latest:
+      bar = '!' * 72
+      logging.warning(
+          '\n%s\n  %s already holds checkpoint %s (step %d): RESUMING from '
+          'it.\n  --tf_initial_checkpoint=%s is IGNORED (it only initialises '
+          'a new run).\n  Use an empty --train_logdir to start afresh from '
+          'it.\n%s', bar, logdir, latest, step,
+          train_options.tf_initial_checkpoint, bar)
+    else:
+      init = checkpoint_init.resolve_checkpoint(
+          train_options.tf_initial_checkpoint)
+  return latest, step, init
+
+
+def _cluster_graph_args(cluster):
+  """build_training_graph's device and optimizer arguments on a cluster."""
+  if cluster is None:
+    return {}
+  return {'graph_device': cluster_lib.variables_device(cluster),
+          'wrap_optimizer': functools.partial(cluster_lib.wrap_optimizer,
+                                              cluster=cluster)}
