@@ -3,6 +3,10 @@
 # train N more steps from the latest checkpoint within a time budget,
 # evaluate, and promote the new model (export + atomic switch of the
 # `current` symlink) only when its mIoU did not drop by more than a margin.
+# This script runs the commands and moves the files; it asks every decision
+# between them (what to rebuild and train, promote or keep, the exit code,
+# the JSON summary) of the round's policy, deeplab_train/retrain, through
+# `python -m deeplab_train.retrain` (deeplab_train/cli/retrain.py).
 # See docs/cron.md for the folder layout, the exit codes and a crontab line.
 set -euo pipefail
 
@@ -10,7 +14,9 @@ SCRIPT_NAME=cron_retrain.sh
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-readonly EXIT_SUCCESS=0 EXIT_FAILURE=1 EXIT_NOTHING_TO_DO=10 EXIT_BUSY=75
+# The exit codes this script sets without asking the policy (which defines
+# them all, in deeplab_train/retrain/policy.py).
+readonly EXIT_FAILURE=1 EXIT_BUSY=75
 
 usage() {
   cat <<EOF
@@ -50,6 +56,8 @@ Extra command flags (space separated): BUILD_EXTRA_FLAGS, TRAIN_EXTRA_FLAGS,
   EVAL_EXTRA_FLAGS, EXPORT_EXTRA_FLAGS
 Housekeeping: LOG_DIR [\$WORK_DIR/logs]  KEEP_LOGS [30]
   LOCK_FILE [\$WORK_DIR/cron.lock]
+  PYTHON [python3] (the deeplab-train virtualenv's Python: it makes the
+  round's decisions)
 
 Exit status: 0 success (promoted, or kept because mIoU dropped), 10 nothing to
 do, 75 busy (another run holds the lock), 1 failure (current model untouched).
@@ -108,6 +116,7 @@ set_defaults() {
   KEEP_EXPORTS=${KEEP_EXPORTS:-5}
   KEEP_LOGS=${KEEP_LOGS:-30}
   RECIPE=${RECIPE:-mobilenet_v2}
+  PYTHON=${PYTHON:-python3}
 }
 
 check_config() {
@@ -140,25 +149,73 @@ set_paths() {
   mkdir -p "$TFRECORDS_DIR" "$TRAIN_LOGDIR" "$EVAL_LOGDIR" "$EXPORTS_DIR" "$STATE_DIR" "$LOG_DIR"
 }
 
+# --- the policy: python -m deeplab_train.retrain ---------------------------------
+
+policy() { "$PYTHON" -m deeplab_train.retrain "$@"; }
+
+need_policy() {
+  policy --help >/dev/null 2>&1 ||
+    die "$PYTHON cannot run deeplab_train.retrain (put the deeplab-train virtualenv first on PATH, or set PYTHON to its python)"
+}
+
+declare -A DECISION=() SUMMARY=()
+
+# Asks the policy for decision $1 (flags follow) and reads its answer, one
+# key=value per line, into DECISION; summary.KEY values are kept in SUMMARY
+# for the JSON summary, log lines are logged, and an answer with an
+# exit_code ends the round.
+decide() {
+  local answer key value
+  answer=$(policy "$@") || fail "the retraining policy failed on '$1' (see the log)"
+  DECISION=()
+  while IFS='=' read -r key value; do
+    case $key in
+      '') ;;
+      log) log "$value" ;;
+      summary.*) SUMMARY[${key#summary.}]=$value ;;
+      *) DECISION[$key]=$value ;;
+    esac
+  done <<<"$answer"
+  if [[ -n ${DECISION[exit_code]:-} ]]; then
+    finish "${DECISION[exit_code]}" "${DECISION[status]}" "${DECISION[message]}"
+  fi
+}
+
+# Fills ROUND_FLAGS with what most decisions need: the state folder, the
+# data fingerprint and the step of checkpoint prefix $1 (when there is one).
+round_flags() {
+  ROUND_FLAGS=(--state_dir="$STATE_DIR" --fingerprint="$FINGERPRINT")
+  if [[ -n $1 ]]; then
+    ROUND_FLAGS+=(--checkpoint_step="$(checkpoint_step "$1")")
+  fi
+}
+
 # --- ending: one summary, one exit code ----------------------------------------
 
 FINISHED=0
-SUMMARY_EXTRA=""
 
-# Writes the JSON summary to $WORK_DIR/last_run.json and stdout, then exits
-# with $1. $2: status word, $3: message.
-finish() {
-  local code=$1 status=$2 message=$3 line
-  log "$status: $message"
-  message=${message//\\/\\\\}
-  line=$(printf '{"status": "%s", "exit_code": %d, "message": "%s", "log": "%s"%s}' \
-    "$status" "$code" "${message//\"/\\\"}" "$LOG_FILE" "$SUMMARY_EXTRA")
-  # A busy run must not overwrite the summary of the run holding the lock.
-  if [[ $status != busy ]]; then
-    printf '%s\n' "$line" | write_atomic "$WORK_DIR/last_run.json" || true
+# Prints the JSON summary of exit code $1, status $2 and message $3 (none for
+# an unexpected error) with the facts in SUMMARY; the policy also writes it
+# to $WORK_DIR/last_run.json. When Python cannot run, a minimal line.
+report() {
+  local code=$1 status=$2 key flags=()
+  if (($# > 2)); then
+    flags+=(--message="$3")
   fi
-  printf '%s\n' "$line" >&3
+  for key in "${!SUMMARY[@]}"; do
+    flags+=("--$key=${SUMMARY[$key]}")
+  done
+  policy summary --exit_code="$code" --status="$status" --log_file="$LOG_FILE" \
+    --last_run="$WORK_DIR/last_run.json" ${flags[@]+"${flags[@]}"} >&3 ||
+    printf '{"status": "%s", "exit_code": %d, "log": "%s"}\n' "$status" "$code" "$LOG_FILE" >&3
+}
+
+# Logs, prints the summary and exits with $1. $2: status word, $3: message.
+finish() {
+  local code=$1 status=$2 message=$3
+  log "$status: $message"
   FINISHED=1
+  report "$code" "$status" "$message"
   exit "$code"
 }
 
@@ -171,13 +228,12 @@ on_exit() {
   if ((!FINISHED)); then
     FINISHED=1
     log "failed: unexpected error (exit status $rc), see the messages above"
-    printf '{"status": "failed", "exit_code": 1, "log": "%s"}\n' "$LOG_FILE" >&3
+    # This line has only status, exit code and log, as it always had.
+    SUMMARY=()
+    report "$EXIT_FAILURE" failed
     exit "$EXIT_FAILURE"
   fi
 }
-
-# Adds "key": value pairs (value already JSON) to the summary.
-summary_add() { SUMMARY_EXTRA+=", \"$1\": $2"; }
 
 # --- data and TFRecords --------------------------------------------------------
 
@@ -201,9 +257,6 @@ data_fingerprint() {
       "$DATASET_NAME" "$NUM_CLASSES" "$IGNORE_LABEL" "$NUM_SHARDS" "${BUILD_EXTRA_FLAGS:-}"
   } | sha256sum | cut -d ' ' -f 1
 }
-
-read_state() { cat "$STATE_DIR/$1" 2>/dev/null || true; }
-write_state() { printf '%s\n' "$2" | write_atomic "$STATE_DIR/$1"; }
 
 # Converts the data folder into a new tfrecords/<stamp> folder and points
 # the `tfrecord` symlink at it; the old records stay in use until then.
@@ -237,9 +290,10 @@ build_tfrecords() {
 
 # --- training and evaluation ---------------------------------------------------
 
-# Trains $1 more steps from the latest checkpoint.
+# Trains $1 more steps from the latest checkpoint; the policy reads a
+# failure through the trainer's own exit codes.
 train_more() {
-  local steps=$1 flags extra rc=0
+  local steps=$1 flags extra
   build_model_flags
   flags=(
     --dataset="$DATASET_NAME"
@@ -262,18 +316,12 @@ train_more() {
   fi
   split_words extra "${TRAIN_EXTRA_FLAGS:-}"
   log "training $steps more steps (at most $MAX_RUN_SECONDS s)"
-  run deeplab-train "${flags[@]}" ${extra[@]+"${extra[@]}"} || rc=$?
-  case $rc in
-    0) ;;
-    75) finish "$EXIT_BUSY" busy "$TRAIN_LOGDIR is locked by another deeplab-train run" ;;
-    3) fail "training stopped on a NaN loss (no NaN checkpoint was saved); lower BASE_LEARNING_RATE?" ;;
-    2) fail "deeplab-train rejected its input (exit 2, see the log)" ;;
-    *) fail "deeplab-train failed with exit status $rc (see the log)" ;;
-  esac
+  run deeplab-train "${flags[@]}" ${extra[@]+"${extra[@]}"} ||
+    decide trainer --trainer_exit_code="$?" --trainer_logdir="$TRAIN_LOGDIR"
 }
 
-# Evaluates checkpoint prefix $1 on the eval split (logs in eval/$2) and
-# sets EVAL_MIOU.
+# Evaluates checkpoint prefix $1 on the eval split into eval/$2/, whose
+# result.json the policy reads.
 evaluate() {
   local checkpoint=$1 name=$2 result extra rc=0
   result="$EVAL_LOGDIR/$name/result.json"
@@ -291,17 +339,15 @@ evaluate() {
     ${OPTIONAL_FLAGS[@]+"${OPTIONAL_FLAGS[@]}"} \
     ${extra[@]+"${extra[@]}"} || rc=$?
   ((rc == 0)) || fail "deeplab-eval failed with exit status $rc on $checkpoint (see the log)"
-  [[ -f $result ]] || fail "deeplab-eval wrote no $result"
-  EVAL_MIOU=$(json_get "$result" miou)
-  [[ $EVAL_MIOU =~ ^[0-9.eE+-]+$ ]] || fail "no numeric miou in $result (got '$EVAL_MIOU')"
 }
 
 # --- promotion -----------------------------------------------------------------
 
-# Exports checkpoint $1 (mIoU $2) into exports/<stamp>-step<N>, with a copy
-# of the checkpoint and its metrics, then switches `current` to it.
+# Exports checkpoint $1 into exports/<stamp>-step<N>, with a copy of the
+# checkpoint and its metrics, then switches `current` to it; sets
+# EXPORT_NAME.
 promote() {
-  local checkpoint=$1 miou=$2 step name tmp extra rc=0 f
+  local checkpoint=$1 step name tmp extra rc=0 f
   step=$(checkpoint_step "$checkpoint")
   name="$STAMP-step$step"
   [[ ! -e "$EXPORTS_DIR/$name" ]] || name+="-$$"
@@ -326,41 +372,53 @@ promote() {
   cp "$TRAIN_LOGDIR/deeplab_config.json" "$tmp/checkpoint/"
   printf 'model_checkpoint_path: "%s"\nall_model_checkpoint_paths: "%s"\n' \
     "$(basename "$checkpoint")" "$(basename "$checkpoint")" >"$tmp/checkpoint/checkpoint"
-  printf '{"miou": %s, "global_step": %s, "data_fingerprint": "%s", "eval_split": "%s", "promoted_at": "%s"}\n' \
-    "$miou" "$step" "$FINGERPRINT" "$EVAL_SPLIT" "$(date -Iseconds)" >"$tmp/metrics.json"
+  decide metrics "${ROUND_FLAGS[@]}" --out="$tmp/metrics.json" \
+    --new_result="$EVAL_LOGDIR/new/result.json" --split="$EVAL_SPLIT"
   mv "$tmp" "$EXPORTS_DIR/$name"
   switch_symlink "$name" "$CURRENT_LINK"
   log "promoted: exports/current -> $name"
-  prune_exports
+  EXPORT_NAME=$name
+  prune "$EXPORTS_DIR" "$KEEP_EXPORTS" "$name" \
+    -mindepth 1 -maxdepth 1 -type d -name '[0-9]*-step*'
 }
 
-# Keeps the newest $KEEP_EXPORTS exports plus the current one.
-prune_exports() {
-  local current dirs i
-  current=$(readlink "$CURRENT_LINK" || true)
-  mapfile -t dirs < <(find "$EXPORTS_DIR" -mindepth 1 -maxdepth 1 -type d -name '[0-9]*-step*' -printf '%f\n' | LC_ALL=C sort -r)
-  for ((i = KEEP_EXPORTS; i < ${#dirs[@]}; i++)); do
-    if [[ ${dirs[i]} != "$current" ]]; then
-      log "removing old export ${dirs[i]}"
-      rm -rf "${EXPORTS_DIR:?}/${dirs[i]}"
+# Removes from folder $1 all but the newest $2 of the entries that `find`
+# selects with the arguments after $3 (never $3), as the policy chooses.
+prune() {
+  local folder=$1 keep=$2 protect=$3 names answer key name
+  shift 3
+  mapfile -t names < <(find "$folder" "$@" -printf '%f\n')
+  ((${#names[@]})) || return 0
+  answer=$(policy prune --keep="$keep" --protect="$protect" -- "${names[@]}") ||
+    fail "the retraining policy failed on 'prune' (see the log)"
+  while IFS='=' read -r key name; do
+    if [[ $key == remove ]]; then
+      log "removing old $folder/$name"
+      rm -rf "${folder:?}/$name"
     fi
-  done
+  done <<<"$answer"
 }
 
-prune_logs() {
-  local logs i
-  mapfile -t logs < <(find "$LOG_DIR" -maxdepth 1 -type f -name 'cron-*.log' -printf '%f\n' | LC_ALL=C sort -r)
-  for ((i = KEEP_LOGS; i < ${#logs[@]}; i++)); do
-    rm -f "${LOG_DIR:?}/${logs[i]}"
-  done
-}
-
-# Prints number $1 with 4 decimals (for messages).
-fmt4() { awk -v x="$1" 'BEGIN { printf "%.4f", x }'; }
-
-# Succeeds when $1 >= $2 - $3 (floats).
-no_worse_than() {
-  awk -v new="$1" -v old="$2" -v margin="$3" 'BEGIN { exit !(new + 0 >= old - margin) }'
+# Evaluates the new checkpoint $1 (and the current model when the policy
+# asks for it), then promotes or keeps it as the policy decides.
+judge() {
+  local checkpoint=$1 flags verdict message
+  flags=("${ROUND_FLAGS[@]}" --new_result="$EVAL_LOGDIR/new/result.json"
+    --current_export="$CURRENT_LINK" --margin="$MIOU_MARGIN" --split="$EVAL_SPLIT")
+  evaluate "$checkpoint" new
+  decide judge "${flags[@]}"
+  if [[ ${DECISION[action]} == reevaluate ]]; then
+    evaluate "$(latest_checkpoint "$CURRENT_LINK/checkpoint")" current
+    decide judge "${flags[@]}" --current_result="$EVAL_LOGDIR/current/result.json"
+  fi
+  verdict=${DECISION[action]}
+  message=${DECISION[message]}
+  EXPORT_NAME=
+  if [[ $verdict == promote ]]; then
+    promote "$checkpoint"
+  fi
+  decide conclude "${ROUND_FLAGS[@]}" --verdict="$verdict" --message="$message" \
+    --export="$EXPORT_NAME"
 }
 
 # --- main ------------------------------------------------------------------------
@@ -385,86 +443,40 @@ main() {
   exec 9>>"$LOCK_FILE"
   flock -n 9 || finish "$EXIT_BUSY" busy "another $SCRIPT_NAME holds $LOCK_FILE"
   need_cmd deeplab-build-data deeplab-train deeplab-eval deeplab-export
+  need_policy
   # Left by a run that was killed: nothing else writes here while we hold
   # the lock.
   rm -rf "$TFRECORDS_DIR"/.tmp-* "$EXPORTS_DIR"/.tmp-*
-  prune_logs
+  prune "$LOG_DIR" "$KEEP_LOGS" "$(basename "$LOG_FILE")" \
+    -maxdepth 1 -type f -name 'cron-*.log'
   check_data_dir
 
   FINGERPRINT=$(data_fingerprint)
-  local needs_build=0 needs_train=0 checkpoint step steps decided
-  if [[ $(read_state built.fingerprint) != "$FINGERPRINT" || ! -f "$TFRECORD_LINK/dataset.json" ]]; then
-    needs_build=1
-  fi
+  local checkpoint records_ready=false build steps trained=false
   checkpoint=$(latest_checkpoint "$TRAIN_LOGDIR")
-  step=$(checkpoint_step "$checkpoint")
-  steps=$STEPS_PER_RUN
-  if ((step + steps > MAX_TOTAL_STEPS)); then
-    steps=$((MAX_TOTAL_STEPS > step ? MAX_TOTAL_STEPS - step : 0))
+  if [[ -f "$TFRECORD_LINK/dataset.json" ]]; then
+    records_ready=true
   fi
-  if ((TRAIN_ONLY_ON_NEW_DATA)) && [[ $(read_state trained.fingerprint) == "$FINGERPRINT" ]]; then
-    steps=0
+  round_flags "$checkpoint"
+  decide plan "${ROUND_FLAGS[@]}" --records_ready="$records_ready" \
+    --steps_per_run="$STEPS_PER_RUN" --max_total_steps="$MAX_TOTAL_STEPS" \
+    --train_only_on_new_data="$TRAIN_ONLY_ON_NEW_DATA"
+  build=${DECISION[build]}
+  steps=${DECISION[train_steps]}
+
+  if ((build)); then
+    build_tfrecords
+    decide record "${ROUND_FLAGS[@]}" --stage=built
   fi
   if ((steps > 0)); then
-    needs_train=1
-  fi
-  decided=$(read_state decided)
-  if ((!needs_build && !needs_train)) && [[ -z $checkpoint || $decided == "$step $FINGERPRINT" ]]; then
-    if [[ -n $checkpoint ]]; then
-      finish "$EXIT_NOTHING_TO_DO" nothing_to_do "data unchanged, no steps to train, checkpoint step $step already evaluated"
-    fi
-    finish "$EXIT_NOTHING_TO_DO" nothing_to_do "data unchanged, no steps to train and no checkpoint yet"
-  fi
-
-  if ((needs_build)); then
-    build_tfrecords
-    write_state built.fingerprint "$FINGERPRINT"
-  fi
-  if ((needs_train)); then
     train_more "$steps"
-    write_state trained.fingerprint "$FINGERPRINT"
+    decide record "${ROUND_FLAGS[@]}" --stage=trained
+    trained=true
     checkpoint=$(latest_checkpoint "$TRAIN_LOGDIR")
-    [[ -n $checkpoint ]] || fail "deeplab-train wrote no checkpoint in $TRAIN_LOGDIR"
-    step=$(checkpoint_step "$checkpoint")
+    round_flags "$checkpoint"
   fi
-  [[ -n $checkpoint ]] || finish "$EXIT_SUCCESS" rebuilt "TFRecords rebuilt; no steps to train and no checkpoint to evaluate"
-  summary_add global_step "$step"
-  if [[ $(read_state decided) == "$step $FINGERPRINT" ]]; then
-    finish "$EXIT_SUCCESS" unchanged "no new checkpoint (still step $step); nothing to promote"
-  fi
-
-  local miou current current_miou current_step="" metrics
-  evaluate "$checkpoint" new
-  miou=$EVAL_MIOU
-  summary_add miou "$miou"
-  log "checkpoint step $step: mIoU $(fmt4 "$miou") on $EVAL_SPLIT"
-  current=$(readlink "$CURRENT_LINK" || true)
-  if [[ -z $current ]]; then
-    promote "$checkpoint" "$miou"
-    write_state decided "$step $FINGERPRINT"
-    finish "$EXIT_SUCCESS" promoted "first model, mIoU $(fmt4 "$miou") (step $step): exports/current -> $(readlink "$CURRENT_LINK")"
-  fi
-  metrics="$CURRENT_LINK/metrics.json"
-  current_step=$(json_get "$metrics" global_step)
-  if [[ $current_step == "$step" ]]; then
-    write_state decided "$step $FINGERPRINT"
-    finish "$EXIT_SUCCESS" kept "the current model already is checkpoint step $step"
-  fi
-  if [[ $(json_get "$metrics" data_fingerprint) == "$FINGERPRINT" ]]; then
-    current_miou=$(json_get "$metrics" miou)
-  else
-    log "the data changed since the current model was measured: re-evaluating it"
-    evaluate "$(latest_checkpoint "$CURRENT_LINK/checkpoint")" current
-    current_miou=$EVAL_MIOU
-  fi
-  summary_add current_miou "$current_miou"
-  if no_worse_than "$miou" "$current_miou" "$MIOU_MARGIN"; then
-    promote "$checkpoint" "$miou"
-    write_state decided "$step $FINGERPRINT"
-    finish "$EXIT_SUCCESS" promoted "mIoU $(fmt4 "$miou") (step $step) vs $(fmt4 "$current_miou") (step $current_step): exports/current -> $(readlink "$CURRENT_LINK")"
-  fi
-  write_state decided "$step $FINGERPRINT"
-  finish "$EXIT_SUCCESS" kept "mIoU $(fmt4 "$miou") (step $step) is more than $MIOU_MARGIN below the current model's $(fmt4 "$current_miou") (step $current_step): current model kept"
+  decide candidate "${ROUND_FLAGS[@]}" --trained="$trained" --trainer_logdir="$TRAIN_LOGDIR"
+  judge "$checkpoint"
 }
 
 main "$@"

@@ -1,0 +1,434 @@
+"""The retraining round's policy: pure decisions, no files, no commands.
+
+scripts/cron_retrain.sh runs one retraining round (docs/cron.md): it runs
+deeplab-build-data, -train, -eval and -export and moves the files. Each
+decision between those steps is a function here, so that the rules are
+tested without training anything:
+
+  plan_round         rebuild the TFRecords? how many steps to train? or
+                     nothing to do at all
+  training_outcome   how the round ends when deeplab-train failed, read
+                     through the trainer's own exit-code table
+  candidate_outcome  whether there is a new checkpoint to judge
+  judge              promote, keep, or first re-measure the current model
+  summary            the JSON line a round ends with
+
+state.py reads and writes the files these decisions need, and
+deeplab_train/cli/retrain.py answers the script's questions with them.
+"""
+import dataclasses
+import json
+import math
+from typing import Optional
+
+# The round's exit codes: its contract with cron (docs/cron.md).
+# cron_retrain.sh repeats EXIT_FAILURE and EXIT_BUSY, which it needs before
+# and without Python (a test checks that the two agree).
+EXIT_SUCCESS = 0
+EXIT_FAILURE = 1
+EXIT_NOTHING_TO_DO = 10
+# EX_TEMPFAIL (sysexits.h), like deeplab-train's own code for a locked logdir.
+EXIT_BUSY = 75
+
+# The round's statuses (the JSON summary's `status`).
+PROMOTED = 'promoted'
+KEPT = 'kept'
+UNCHANGED = 'unchanged'
+REBUILT = 'rebuilt'
+NOTHING_TO_DO = 'nothing_to_do'
+BUSY = 'busy'
+FAILED = 'failed'
+
+# The deeplab-train statuses told apart here: keys of the trainer's
+# EXIT_CODES (deeplab_train/runtime/result.py). Any other is a failure.
+TRAINER_OK = 'ok'
+TRAINER_BAD_INPUT = 'bad_input'
+TRAINER_NON_FINITE_LOSS = 'non_finite_loss'
+TRAINER_LOCKED = 'locked'
+TRAINER_STATUSES = (TRAINER_OK, TRAINER_BAD_INPUT, TRAINER_NON_FINITE_LOSS,
+                    TRAINER_LOCKED)
+
+# What to do with a new checkpoint (Verdict.action).
+PROMOTE = 'promote'
+KEEP = 'keep'
+REEVALUATE = 'reevaluate'
+
+
+class RoundError(Exception):
+  """A problem that ends the round as a failure; the message is for users."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """How a round ends: exit code, status word and message of its summary."""
+  exit_code: int
+  status: str
+  message: str
+
+
+def failed(message):
+  """The Outcome of a round that went wrong (the current model untouched)."""
+  return Outcome(EXIT_FAILURE, FAILED, message)
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+  """What earlier rounds stored (state/ in the work folder).
+
+  Attributes:
+    built: data fingerprint of the TFRecords in use, or None.
+    trained: data fingerprint the last training run saw, or None.
+    decided: decision_key() of the last checkpoint promoted or kept, or None.
+  """
+  built: Optional[str] = None
+  trained: Optional[str] = None
+  decided: Optional[str] = None
+
+
+def decision_key(step, fingerprint):
+  """How state/decided names a checkpoint judged on some data."""
+  return '%d %s' % (step, fingerprint)
+
+
+def already_decided(state, step, fingerprint):
+  """True when checkpoint `step` was promoted or kept on this data."""
+  return state.decided == decision_key(step, fingerprint)
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+  """How much one round may train (the script's options).
+
+  Attributes:
+    steps_per_run: steps per round (STEPS_PER_RUN, --steps).
+    max_total_steps: the global step training never goes past
+      (MAX_TOTAL_STEPS).
+    only_on_new_data: train only when the data changed since the last
+      training run (TRAIN_ONLY_ON_NEW_DATA=1).
+  """
+  steps_per_run: int
+  max_total_steps: int
+  only_on_new_data: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The work of a round before evaluation."""
+  build: bool
+  train_steps: int
+
+
+def needs_build(fingerprint, state, records_ready):
+  """True when the TFRecords must be (re)built from the data folder.
+
+  Args:
+    fingerprint: the data folder's fingerprint now.
+    state: State of earlier rounds.
+    records_ready: whether the records in use exist (their dataset.json).
+  """
+  return state.built != fingerprint or not records_ready
+
+
+def steps_to_train(step, fingerprint, state, budget):
+  """Steps to train from global step `step`: the budget, up to the maximum."""
+  if budget.only_on_new_data and state.trained == fingerprint:
+    return 0
+  return max(0, min(budget.steps_per_run, budget.max_total_steps - step))
+
+
+def plan_round(fingerprint, records_ready, checkpoint_step, state, budget):
+  """Where a round starts.
+
+  Args:
+    fingerprint: the data folder's fingerprint now.
+    records_ready: whether the TFRecords in use exist.
+    checkpoint_step: global step of the latest checkpoint, None without one.
+    state: State of earlier rounds.
+    budget: Budget of the round.
+
+  Returns:
+    A Plan, or the Outcome `nothing_to_do` when there is nothing to build,
+    nothing to train and no checkpoint left to judge on this data.
+  """
+  plan = Plan(build=needs_build(fingerprint, state, records_ready),
+              train_steps=steps_to_train(checkpoint_step or 0, fingerprint,
+                                         state, budget))
+  if plan.build or plan.train_steps:
+    return plan
+  if checkpoint_step is None:
+    return Outcome(EXIT_NOTHING_TO_DO, NOTHING_TO_DO,
+                   'data unchanged, no steps to train and no checkpoint yet')
+  if already_decided(state, checkpoint_step, fingerprint):
+    return Outcome(EXIT_NOTHING_TO_DO, NOTHING_TO_DO,
+                   'data unchanged, no steps to train, checkpoint step %d '
+                   'already evaluated' % checkpoint_step)
+  return plan   # only the latest checkpoint is left to judge
+
+
+def trainer_status(exit_code, trainer_exit_codes):
+  """deeplab-train's status for its exit code, None for an unknown code.
+
+  Args:
+    exit_code: deeplab-train's exit status.
+    trainer_exit_codes: the trainer's table, status -> exit code
+      (deeplab_train.runtime.result.EXIT_CODES).
+  """
+  for status, code in trainer_exit_codes.items():
+    if code == exit_code:
+      return status
+  return None
+
+
+def training_outcome(exit_code, trainer_exit_codes, train_logdir):
+  """How the round ends after deeplab-train exited with `exit_code`.
+
+  Args:
+    exit_code: deeplab-train's exit status.
+    trainer_exit_codes: the trainer's table, status -> exit code.
+    train_logdir: the trainer's logdir, for messages.
+
+  Returns:
+    None when training succeeded (the round goes on), else the Outcome:
+    busy when another run holds the logdir, else failed.
+  """
+  status = trainer_status(exit_code, trainer_exit_codes)
+  if status == TRAINER_OK:
+    return None
+  if status == TRAINER_LOCKED:
+    return Outcome(EXIT_BUSY, BUSY, '%s is locked by another deeplab-train '
+                   'run' % train_logdir)
+  if status == TRAINER_NON_FINITE_LOSS:
+    return failed('training stopped on a NaN loss (no NaN checkpoint was '
+                  'saved); lower BASE_LEARNING_RATE?')
+  if status == TRAINER_BAD_INPUT:
+    return failed('deeplab-train rejected its input (exit %d, see the log)'
+                  % exit_code)
+  return failed('deeplab-train failed with exit status %d (see the log)'
+                % exit_code)
+
+
+def candidate_outcome(checkpoint_step, fingerprint, state, trained,
+                      train_logdir):
+  """Whether the latest checkpoint is still to be judged, after training.
+
+  Args:
+    checkpoint_step: global step of the latest checkpoint, None without one.
+    fingerprint: the data folder's fingerprint.
+    state: State of earlier rounds.
+    trained: whether this round ran deeplab-train.
+    train_logdir: the trainer's logdir, for messages.
+
+  Returns:
+    None when the checkpoint is to be evaluated and judged, else the
+    Outcome: failed (training left no checkpoint), rebuilt (the records
+    were rebuilt and there is no checkpoint) or unchanged (this checkpoint
+    was already judged on this data).
+  """
+  if checkpoint_step is None:
+    if trained:
+      return failed('deeplab-train wrote no checkpoint in %s' % train_logdir)
+    return Outcome(EXIT_SUCCESS, REBUILT, 'TFRecords rebuilt; no steps to '
+                   'train and no checkpoint to evaluate')
+  if already_decided(state, checkpoint_step, fingerprint):
+    return Outcome(EXIT_SUCCESS, UNCHANGED, 'no new checkpoint (still step '
+                   '%d); nothing to promote' % checkpoint_step)
+  return None
+
+
+def miou_of(result, source):
+  """The mIoU of a deeplab-eval result (its --eval_result_json).
+
+  Args:
+    result: the parsed JSON.
+    source: where it was read, for the message.
+
+  Returns:
+    The mIoU, a float.
+
+  Raises:
+    RoundError: when there is no finite number under `miou`.
+  """
+  value = result.get('miou') if isinstance(result, dict) else None
+  if (isinstance(value, bool) or not isinstance(value, (int, float))
+      or not math.isfinite(value)):
+    raise RoundError("no numeric miou in %s (got '%s')"
+                     % (source, '' if value is None else value))
+  return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class CurrentModel:
+  """The promoted model, as its export's metrics.json describes it."""
+  global_step: Optional[int] = None
+  miou: Optional[float] = None
+  data_fingerprint: Optional[str] = None
+
+  @classmethod
+  def from_metrics(cls, metrics):
+    """Reads export_metrics(); missing or malformed values become None."""
+    step, miou = metrics.get('global_step'), metrics.get('miou')
+    fingerprint = metrics.get('data_fingerprint')
+    try:
+      miou = miou_of(metrics, 'metrics.json')
+    except RoundError:
+      miou = None
+    return cls(
+        global_step=(step if isinstance(step, int)
+                     and not isinstance(step, bool) else None),
+        miou=miou,
+        data_fingerprint=fingerprint if isinstance(fingerprint, str) else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+  """judge()'s answer.
+
+  Attributes:
+    action: PROMOTE, KEEP, or REEVALUATE (measure the current model on the
+      eval split first, then judge again with its new mIoU).
+    message: why, for the log and the summary.
+    current_miou: the current model's mIoU the rule compared with, if it did.
+  """
+  action: str
+  message: str
+  current_miou: Optional[float] = None
+
+
+def format_miou(miou):
+  """An mIoU for messages (4 decimals)."""
+  return '%.4f' % miou
+
+
+def no_worse(new_miou, current_miou, margin):
+  """The promotion rule: the mIoU did not drop by more than `margin`."""
+  return new_miou >= current_miou - margin
+
+
+def judge(new_miou, step, fingerprint, current, margin,
+          remeasured_miou=None):
+  """Promote checkpoint `step`, keep the current model, or measure it first.
+
+  Args:
+    new_miou: the new checkpoint's mIoU on the eval split.
+    step: the new checkpoint's global step.
+    fingerprint: the data fingerprint the new mIoU was measured on.
+    current: CurrentModel of exports/current, None when nothing was
+      promoted yet.
+    margin: the mIoU drop allowed (MIOU_MARGIN, --margin).
+    remeasured_miou: the current model's mIoU measured in this round, when
+      an earlier verdict asked for it.
+
+  Returns:
+    A Verdict. The first model is always promoted; the current model's
+    mIoU is taken from its metrics.json only when it was measured on the
+    same data, else it is measured again so that both are comparable.
+  """
+  new = 'mIoU %s (step %d)' % (format_miou(new_miou), step)
+  if current is None:
+    return Verdict(PROMOTE, 'first model, %s' % new)
+  if current.global_step == step:
+    return Verdict(KEEP, 'the current model already is checkpoint step %d'
+                   % step)
+  current_miou = remeasured_miou
+  if current_miou is None:
+    if current.data_fingerprint != fingerprint:
+      return Verdict(REEVALUATE, 'the data changed since the current model '
+                     'was measured: re-evaluating it')
+    if current.miou is None:
+      return Verdict(REEVALUATE, "the current model's metrics.json has no "
+                     'mIoU: re-evaluating it')
+    current_miou = current.miou
+  old = '%s (step %s)' % (format_miou(current_miou),
+                          '' if current.global_step is None
+                          else current.global_step)
+  if no_worse(new_miou, current_miou, margin):
+    return Verdict(PROMOTE, '%s vs %s' % (new, old), current_miou)
+  return Verdict(KEEP, "%s is more than %g below the current model's %s: "
+                 'current model kept' % (new, margin, old), current_miou)
+
+
+def conclusion(verdict_action, message, export_name=None):
+  """The Outcome of a round that promoted or kept its new checkpoint.
+
+  Args:
+    verdict_action: PROMOTE or KEEP (what was done).
+    message: the Verdict's message.
+    export_name: the export `current` now points to, after a promotion.
+
+  Raises:
+    ValueError: for another action.
+  """
+  if verdict_action == PROMOTE:
+    return Outcome(EXIT_SUCCESS, PROMOTED, '%s: exports/current -> %s'
+                   % (message, export_name))
+  if verdict_action == KEEP:
+    return Outcome(EXIT_SUCCESS, KEPT, message)
+  raise ValueError('a round concludes by %r or %r, not %r'
+                   % (PROMOTE, KEEP, verdict_action))
+
+
+def export_metrics(miou, step, fingerprint, eval_split, promoted_at):
+  """The metrics.json saved with an export (read back as a CurrentModel).
+
+  Args:
+    miou: the checkpoint's mIoU.
+    step: its global step.
+    fingerprint: the data fingerprint the mIoU was measured on.
+    eval_split: the split it was measured on.
+    promoted_at: ISO 8601 time of the promotion.
+  """
+  return {'miou': miou, 'global_step': step, 'data_fingerprint': fingerprint,
+          'eval_split': eval_split, 'promoted_at': promoted_at}
+
+
+def to_prune(names, keep, protected=None):
+  """The names to remove so that the newest `keep` are left.
+
+  Args:
+    names: export folder or log file names; they sort by age because they
+      start with a time stamp.
+    keep: how many of the newest to keep.
+    protected: a name never removed (the export `current` points to, the
+      running round's log), or None.
+
+  Returns:
+    The names to remove, newest first.
+  """
+  newest_first = sorted(names, reverse=True)
+  return [n for n in newest_first[keep:] if n != protected]
+
+
+def keeps_summary(status):
+  """Whether a round's summary replaces last_run.json.
+
+  A busy round must not overwrite the summary of the round holding the lock.
+  """
+  return status != BUSY
+
+
+def summary(exit_code, status, log, message=None, global_step=None,
+            miou=None, current_miou=None):
+  """The JSON line a round ends with (also written to last_run.json).
+
+  Args:
+    exit_code: the round's exit code.
+    status: its status word.
+    log: path of its log file.
+    message: what happened, or None (an unexpected error).
+    global_step: the checkpoint judged, if the round got that far.
+    miou: its mIoU, if measured.
+    current_miou: the current model's mIoU it was compared with, if it was.
+
+  Returns:
+    One line of JSON, without the newline: status, exit_code, message, log,
+    then the facts known, in this order.
+  """
+  fields = {'status': status, 'exit_code': exit_code}
+  if message is not None:
+    fields['message'] = message
+  fields['log'] = log
+  for key, value in (('global_step', global_step), ('miou', miou),
+                     ('current_miou', current_miou)):
+    if value is not None:
+      fields[key] = value
+  return json.dumps(fields)

@@ -1,0 +1,344 @@
+"""Tests of the retraining round's policy (deeplab_train/retrain).
+
+The decisions are pure functions, tested here without TensorFlow or any
+command; tests/test_scripts.py runs whole rounds of scripts/cron_retrain.sh.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from deeplab_train.retrain import policy
+from deeplab_train.retrain import state
+
+FP = 'f' * 64        # a data fingerprint
+NEW_FP = 'e' * 64    # the data after a change
+BUDGET = policy.Budget(steps_per_run=1000, max_total_steps=5000)
+# The trainer's table with other numbers than deeplab-train's: the policy
+# must read codes through the table, never by value.
+TRAINER_CODES = {'ok': 0, 'error': 101, 'bad_input': 102,
+                 'non_finite_loss': 103, 'locked': 175}
+
+
+def _decided(step, fingerprint=FP):
+  return policy.State(built=fingerprint, trained=fingerprint,
+                      decided=policy.decision_key(step, fingerprint))
+
+
+# ---------------------------------------------------------------------------
+# plan_round: build, train, or nothing to do.
+# ---------------------------------------------------------------------------
+def test_first_round_builds_and_trains():
+  plan = policy.plan_round(FP, records_ready=False, checkpoint_step=None,
+                           state=policy.State(), budget=BUDGET)
+  assert plan == policy.Plan(build=True, train_steps=1000)
+
+
+def test_changed_data_or_missing_records_rebuild():
+  done = _decided(5000)
+  assert policy.plan_round(NEW_FP, True, 5000, done, BUDGET).build
+  assert policy.plan_round(FP, False, 5000, done, BUDGET).build
+
+
+@pytest.mark.parametrize('step, expected', [
+    (0, 1000), (3999, 1000), (4500, 500), (5000, 0), (7000, 0)])
+def test_steps_stop_at_max_total_steps(step, expected):
+  assert policy.steps_to_train(step, FP, policy.State(), BUDGET) == expected
+
+
+def test_train_only_on_new_data():
+  budget = policy.Budget(1000, 5000, only_on_new_data=True)
+  seen = policy.State(trained=FP)
+  assert policy.steps_to_train(10, FP, seen, budget) == 0
+  assert policy.steps_to_train(10, NEW_FP, seen, budget) == 1000
+  assert policy.steps_to_train(10, FP, seen, BUDGET) == 1000
+
+
+def test_nothing_to_do_same_data_and_already_at_step():
+  outcome = policy.plan_round(FP, True, 5000, _decided(5000), BUDGET)
+  assert outcome == policy.Outcome(
+      policy.EXIT_NOTHING_TO_DO, 'nothing_to_do',
+      'data unchanged, no steps to train, checkpoint step 5000 already '
+      'evaluated')
+
+
+def test_nothing_to_do_without_checkpoint_or_steps():
+  budget = policy.Budget(steps_per_run=0, max_total_steps=5000)
+  outcome = policy.plan_round(FP, True, None, _decided(0), budget)
+  assert outcome.exit_code == policy.EXIT_NOTHING_TO_DO
+  assert outcome.status == 'nothing_to_do'
+  assert 'no checkpoint yet' in outcome.message
+
+
+def test_undecided_checkpoint_is_still_judged():
+  # E.g. the last round was killed after training, before the verdict.
+  stale = policy.State(built=FP, trained=FP,
+                       decided=policy.decision_key(4000, FP))
+  plan = policy.plan_round(FP, True, 5000, stale, BUDGET)
+  assert plan == policy.Plan(build=False, train_steps=0)
+  # A checkpoint decided on other data is judged again, too.
+  other_data = policy.State(built=FP, decided=policy.decision_key(5000,
+                                                                  NEW_FP))
+  assert isinstance(policy.plan_round(FP, True, 5000, other_data, BUDGET),
+                    policy.Plan)
+
+
+# ---------------------------------------------------------------------------
+# training_outcome: the trainer's exit code, read through its own table.
+# ---------------------------------------------------------------------------
+def test_trainer_success_goes_on():
+  assert policy.training_outcome(0, TRAINER_CODES, '/w/train') is None
+
+
+def test_locked_trainer_is_busy():
+  outcome = policy.training_outcome(175, TRAINER_CODES, '/w/train')
+  assert (outcome.exit_code, outcome.status) == (policy.EXIT_BUSY, 'busy')
+  assert '/w/train is locked' in outcome.message
+
+
+@pytest.mark.parametrize('code, words', [
+    (103, 'NaN loss'), (102, 'rejected its input (exit 102'),
+    (101, 'exit status 101'), (99, 'exit status 99'),
+    (143, 'exit status 143')])
+def test_trainer_failures_fail_the_round(code, words):
+  outcome = policy.training_outcome(code, TRAINER_CODES, '/w/train')
+  assert (outcome.exit_code, outcome.status) == (policy.EXIT_FAILURE,
+                                                 'failed')
+  assert words in outcome.message
+
+
+def test_codes_are_not_taken_by_value():
+  # deeplab-train's real 75 and 3 mean nothing under another table.
+  assert policy.training_outcome(75, TRAINER_CODES, 'd').status == 'failed'
+  assert 'NaN' not in policy.training_outcome(3, TRAINER_CODES, 'd').message
+
+
+@pytest.mark.slow  # imports TensorFlow, through the trainer's runtime
+def test_policy_knows_the_trainers_statuses():
+  from deeplab_train.cli import retrain  # pylint: disable=g-import-not-at-top
+  codes = retrain.trainer_exit_codes()
+  assert set(policy.TRAINER_STATUSES) <= set(codes)
+  assert policy.training_outcome(codes['locked'], codes, 'd').status == 'busy'
+  assert policy.training_outcome(codes['ok'], codes, 'd') is None
+
+
+# ---------------------------------------------------------------------------
+# candidate_outcome: is there a new checkpoint to judge?
+# ---------------------------------------------------------------------------
+def test_candidate_outcomes():
+  assert policy.candidate_outcome(10, FP, policy.State(), True, 't') is None
+  unchanged = policy.candidate_outcome(10, FP, _decided(10), True, 't')
+  assert (unchanged.exit_code, unchanged.status) == (0, 'unchanged')
+  rebuilt = policy.candidate_outcome(None, FP, policy.State(), False, 't')
+  assert (rebuilt.exit_code, rebuilt.status) == (0, 'rebuilt')
+  no_checkpoint = policy.candidate_outcome(None, FP, policy.State(), True,
+                                           '/w/train')
+  assert no_checkpoint.status == 'failed'
+  assert 'no checkpoint in /w/train' in no_checkpoint.message
+
+
+# ---------------------------------------------------------------------------
+# judge: promote, keep, or measure the current model first.
+# ---------------------------------------------------------------------------
+def _current(miou=0.75, step=100, fingerprint=FP):
+  return policy.CurrentModel(global_step=step, miou=miou,
+                             data_fingerprint=fingerprint)
+
+
+def test_first_model_is_promoted():
+  verdict = policy.judge(0.01, 2, FP, None, margin=0.005)
+  assert verdict.action == policy.PROMOTE
+  assert verdict.message == 'first model, mIoU 0.0100 (step 2)'
+  assert verdict.current_miou is None
+
+
+# Binary fractions, so that the boundary is exact.
+@pytest.mark.parametrize('new, action', [
+    (0.875, policy.PROMOTE),     # better
+    (0.75, policy.PROMOTE),      # equal
+    (0.5, policy.PROMOTE),       # dropped by exactly the margin
+    (0.4921875, policy.KEEP),    # dropped by more than the margin
+    (0.0, policy.KEEP)])
+def test_promotion_rule(new, action):
+  verdict = policy.judge(new, 200, FP, _current(0.75), margin=0.25)
+  assert verdict.action == action
+  assert verdict.current_miou == 0.75
+
+
+def test_kept_model_message():
+  verdict = policy.judge(0.7, 200, FP, _current(0.75), margin=0.005)
+  assert verdict.action == policy.KEEP
+  assert verdict.message == (
+      "mIoU 0.7000 (step 200) is more than 0.005 below the current model's "
+      '0.7500 (step 100): current model kept')
+
+
+def test_promoted_model_message():
+  verdict = policy.judge(0.8, 200, FP, _current(0.75), margin=0.005)
+  assert verdict.message == 'mIoU 0.8000 (step 200) vs 0.7500 (step 100)'
+  outcome = policy.conclusion(verdict.action, verdict.message, 'x-step200')
+  assert outcome == policy.Outcome(
+      0, 'promoted', 'mIoU 0.8000 (step 200) vs 0.7500 (step 100): '
+      'exports/current -> x-step200')
+
+
+def test_zero_margin_keeps_any_drop():
+  assert policy.judge(0.7499, 200, FP, _current(0.75), 0.0).action == 'keep'
+
+
+def test_current_model_at_the_same_step_is_kept():
+  verdict = policy.judge(0.1, 100, FP, _current(0.75, step=100), 0.005)
+  assert verdict.action == policy.KEEP
+  assert 'already is checkpoint step 100' in verdict.message
+
+
+def test_current_model_measured_on_other_data_is_measured_again():
+  current = _current(0.99, fingerprint=NEW_FP)
+  verdict = policy.judge(0.5, 200, FP, current, 0.005)
+  assert verdict.action == policy.REEVALUATE
+  assert 're-evaluating' in verdict.message
+  # Then its new mIoU counts, not the stored 0.99.
+  verdict = policy.judge(0.5, 200, FP, current, 0.005, remeasured_miou=0.25)
+  assert (verdict.action, verdict.current_miou) == (policy.PROMOTE, 0.25)
+
+
+def test_current_model_without_miou_is_measured_again():
+  verdict = policy.judge(0.5, 200, FP, _current(None), 0.005)
+  assert verdict.action == policy.REEVALUATE
+
+
+def test_conclusion_of_a_kept_model_and_bad_verdicts():
+  assert policy.conclusion('keep', 'why', None) == policy.Outcome(0, 'kept',
+                                                                  'why')
+  with pytest.raises(ValueError):
+    policy.conclusion('reevaluate', 'why')
+
+
+# ---------------------------------------------------------------------------
+# Results and metrics.
+# ---------------------------------------------------------------------------
+def test_miou_of_eval_results():
+  assert policy.miou_of({'miou': 0.5, 'global_step': 3}, 'r.json') == 0.5
+  assert policy.miou_of({'miou': 1}, 'r.json') == 1.0
+  for bad in ({}, {'miou': None}, {'miou': 'high'}, {'miou': True},
+              {'miou': float('nan')}, []):
+    with pytest.raises(policy.RoundError, match='no numeric miou in r.json'):
+      policy.miou_of(bad, 'r.json')
+
+
+def test_export_metrics_are_read_back():
+  metrics = policy.export_metrics(0.5, 12, FP, 'val', '2024-01-01T02:30:00')
+  assert list(metrics) == ['miou', 'global_step', 'data_fingerprint',
+                           'eval_split', 'promoted_at']
+  assert policy.CurrentModel.from_metrics(metrics) == _current(0.5, 12)
+  assert policy.CurrentModel.from_metrics(
+      {'miou': 'x', 'global_step': '12'}) == policy.CurrentModel()
+
+
+# ---------------------------------------------------------------------------
+# Housekeeping and the summary.
+# ---------------------------------------------------------------------------
+def test_to_prune_keeps_the_newest_and_the_protected():
+  names = ['20240103-000000-step30', '20240101-000000-step10',
+           '20240102-000000-step20', '20240104-000000-step40']
+  assert policy.to_prune(names, 2) == ['20240102-000000-step20',
+                                       '20240101-000000-step10']
+  assert policy.to_prune(names, 1, protected='20240102-000000-step20') == [
+      '20240103-000000-step30', '20240101-000000-step10']
+  assert policy.to_prune(names, 0, protected=names[0]) == [
+      '20240104-000000-step40', '20240102-000000-step20',
+      '20240101-000000-step10']
+  assert policy.to_prune(names, 9) == []
+
+
+def test_summary_line():
+  line = policy.summary(0, 'kept', '/w/logs/cron-1.log', message='a "b" \\c',
+                        global_step=6, miou=0.25, current_miou=1.0)
+  assert line == ('{"status": "kept", "exit_code": 0, "message": '
+                  '"a \\"b\\" \\\\c", "log": "/w/logs/cron-1.log", '
+                  '"global_step": 6, "miou": 0.25, "current_miou": 1.0}')
+  assert '\n' not in line
+  # An unexpected error has no message; facts not known are left out.
+  assert json.loads(policy.summary(1, 'failed', 'l')) == {
+      'status': 'failed', 'exit_code': 1, 'log': 'l'}
+
+
+def test_busy_rounds_leave_last_run_alone():
+  assert not policy.keeps_summary('busy')
+  for status in ('promoted', 'kept', 'unchanged', 'rebuilt', 'nothing_to_do',
+                 'failed'):
+    assert policy.keeps_summary(status)
+
+
+def test_script_exit_codes_agree_with_the_policy(repo_dir):
+  script = (repo_dir / 'scripts' / 'cron_retrain.sh').read_text()
+  codes = dict(re.findall(r'\b(EXIT_[A-Z_]+)=(\d+)', script))
+  assert codes == {'EXIT_FAILURE': str(policy.EXIT_FAILURE),
+                   'EXIT_BUSY': str(policy.EXIT_BUSY)}
+
+
+# ---------------------------------------------------------------------------
+# state.py and the command the script asks.
+# ---------------------------------------------------------------------------
+def test_state_round_trip(tmp_path):
+  assert state.load(tmp_path) == policy.State()
+  state.record(tmp_path, state.BUILT, FP)
+  state.record_decision(tmp_path, 7, FP)
+  assert (tmp_path / 'decided').read_text() == '7 %s\n' % FP
+  assert state.load(tmp_path) == policy.State(
+      built=FP, decided=policy.decision_key(7, FP))
+
+
+def test_current_model_is_read_through_the_link(tmp_path):
+  link = tmp_path / 'current'
+  assert state.read_current_model(str(link)) is None
+  export = tmp_path / '20240101-000000-step5'
+  export.mkdir()
+  link.symlink_to(export.name)
+  with pytest.raises(policy.RoundError, match='metrics.json is missing'):
+    state.read_current_model(str(link))
+  state.write_metrics(str(export / 'metrics.json'),
+                      policy.export_metrics(0.5, 5, FP, 'val', 'now'))
+  assert state.read_current_model(str(link)) == _current(0.5, 5)
+  with pytest.raises(policy.RoundError, match='deeplab-eval wrote no'):
+    state.read_miou(str(tmp_path / 'absent.json'))
+
+
+def _ask(*args):
+  proc = subprocess.run(
+      [sys.executable, '-m', 'deeplab_train.retrain'] + [str(a) for a in args],
+      capture_output=True, text=True, check=False,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+  return proc
+
+
+def test_command_answers_key_value_lines(tmp_path):
+  (tmp_path / 'new.json').write_text('{"miou": 0.5}')
+  proc = _ask('judge', '--fingerprint', FP, '--checkpoint_step=3',
+              '--new_result', tmp_path / 'new.json', '--current_export',
+              tmp_path / 'current', '--margin=0.005', '--split=val')
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.splitlines() == [
+      'summary.miou=0.5', 'log=checkpoint step 3: mIoU 0.5000 on val',
+      'action=promote', 'message=first model, mIoU 0.5000 (step 3)']
+  # A missing flag is a usage error (exit 2), not an answer.
+  proc = _ask('judge', '--fingerprint', FP)
+  assert proc.returncode == 2 and '--checkpoint_step' in proc.stderr
+
+
+def test_command_summary_writes_last_run_unless_busy(tmp_path):
+  last_run = tmp_path / 'last_run.json'
+  proc = _ask('summary', '--exit_code=75', '--status=busy', '--message=m',
+              '--log_file=l', '--last_run', last_run)
+  assert json.loads(proc.stdout)['status'] == 'busy'
+  assert not last_run.exists()
+  proc = _ask('summary', '--exit_code=0', '--status=promoted', '--message=m',
+              '--log_file=l', '--last_run', last_run, '--global_step=2',
+              '--miou=0.125')
+  assert proc.returncode == 0, proc.stderr
+  assert json.loads(last_run.read_text()) == json.loads(proc.stdout) == {
+      'status': 'promoted', 'exit_code': 0, 'message': 'm', 'log': 'l',
+      'global_step': 2, 'miou': 0.125}
