@@ -259,8 +259,8 @@ class TrainOptions(_JsonMixin):
   """What the training graph is built from (towers, loss, optimiser, init).
 
   Field names are the original train.py flag names; defaults are its
-  defaults, except `weight_decay=None`, which means the backbone family's
-  default (4e-5 for mobilenet_v2 / xception, 1e-4 for resnet).
+  defaults, except `weight_decay=None`, which means the backbone registry
+  entry's default (4e-5 for every built-in backbone, as the original).
   """
   train_batch_size: int = 8
   num_clones: int = 1

@@ -163,14 +163,15 @@ def _aspp(features, options, params, is_training):
   return net
 
 
-def extract_features(images, options, weight_decay=0.0001, is_training=False,
+def extract_features(images, options, weight_decay=None, is_training=False,
                      fine_tune_batch_norm=False):
   """Backbone features followed by ASPP (when aspp_with_batch_norm).
 
   Args:
     images: float32 NHWC, raw pixel values in [0, 255].
     options: ModelOptions.
-    weight_decay: L2 factor of the conv weights.
+    weight_decay: L2 factor of the conv weights (None: the backbone
+      registry entry's default).
     is_training: training graph (dropout on).
     fine_tune_batch_norm: with is_training, BN in training mode.
 
@@ -181,6 +182,8 @@ def extract_features(images, options, weight_decay=0.0001, is_training=False,
     ConfigError: unknown model_variant.
   """
   backbone = registry.get(options.model_variant)
+  if weight_decay is None:
+    weight_decay = backbone.default_weight_decay
   bn_training = bool(is_training and fine_tune_batch_norm)
   features, end_points = backbone.build(
       backbone.normalize(images), options, is_training, bn_training,
@@ -271,7 +274,7 @@ def refine_by_decoder(features, end_points, backbone, crop_size, options,
   return net
 
 
-def get_branch_logits(features, num_classes, options, weight_decay=0.0001,
+def get_branch_logits(features, num_classes, options, weight_decay=None,
                       scope_suffix=OUTPUT_TYPE):
   """The logits conv(s) under `logits/`, with biases and no BN.
 
@@ -290,6 +293,8 @@ def get_branch_logits(features, num_classes, options, weight_decay=0.0001,
           '--logits_kernel_size must be 1 when atrous_rates is empty or '
           'aspp_with_batch_norm is on; got %d' % kernel_size)
     rates = (1,)
+  if weight_decay is None:
+    weight_decay = registry.get(options.model_variant).default_weight_decay
   params = layers.ConvParams(weight_decay=weight_decay, batch_norm=None,
                              activation=None, weights_stddev=LOGITS_STDDEV)
   with tf.variable_scope(LOGITS_SCOPE_NAME):
@@ -338,7 +343,7 @@ def _scaled_inputs(images, options, scale, crop_height, crop_width):
 
 
 def multi_scale_logits(images, options, image_pyramid=None,
-                       weight_decay=0.0001, is_training=False,
+                       weight_decay=None, is_training=False,
                        fine_tune_batch_norm=False):
   """Logits for each scale of an image pyramid, and their merge.
 
@@ -351,7 +356,8 @@ def multi_scale_logits(images, options, image_pyramid=None,
     images: float32 NHWC, raw pixel values in [0, 255].
     options: ModelOptions.
     image_pyramid: input scales; None or empty for (1.0,).
-    weight_decay: L2 factor of the conv weights.
+    weight_decay: L2 factor of the conv weights (None: the backbone
+      registry entry's default).
     is_training: training graph (dropout on).
     fine_tune_batch_norm: with is_training, BN in training mode.
 

@@ -30,7 +30,6 @@ from deeplab_train.model import layers
 from deeplab_train.model import registry
 
 SCOPE = 'MobilenetV2'
-DEFAULT_WEIGHT_DECAY = 4e-5
 BATCH_NORM = layers.BatchNormParams(decay=0.997, epsilon=1e-3, scale=True)
 WEIGHTS_STDDEV = 0.09
 EXPANSION_FACTOR = 6
@@ -194,7 +193,8 @@ def backbone_params(weight_decay, bn_training):
 @registry.register(
     'mobilenet_v2', scope=SCOPE, mean_pixel=registry.INCEPTION_MEAN_PIXEL,
     normalize=normalize, decoder_end_points=DECODER_END_POINTS,
-    default_weight_decay=DEFAULT_WEIGHT_DECAY)
+    # The original trainer's --weight_decay default.
+    default_weight_decay=4e-5)
 def build(images, options, is_training, bn_training, weight_decay):
   """Registry entry: MobileNetV2 features for DeepLab.
 

@@ -35,7 +35,9 @@ class Backbone:
     normalize: fn(float images in [0, 255]) -> network input.
     decoder_end_points: {output_stride: (end point names, ...)} for the
       decoder's feature projections.
-    default_weight_decay: the original's default for this family.
+    default_weight_decay: the L2 factor of conv weights when --weight_decay
+      is not given: the original trainer's default for this family (this
+      entry is the only place it is written).
   """
   name: str
   build: Callable
@@ -43,7 +45,7 @@ class Backbone:
   mean_pixel: Tuple[float, float, float]
   normalize: Callable
   decoder_end_points: Dict[int, Tuple[str, ...]]
-  default_weight_decay: Optional[float] = None
+  default_weight_decay: float
 
 
 _REGISTRY: Dict[str, Backbone] = {}

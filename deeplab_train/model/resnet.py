@@ -22,9 +22,6 @@ from deeplab_train.model import layers
 from deeplab_train.model import registry
 
 BATCH_NORM = layers.BatchNormParams(decay=0.95, epsilon=1e-5, scale=True)
-# What the original trainer used: its --weight_decay default, passed to every
-# backbone (so its resnet arg scope's own default, 1e-4, never applied).
-DEFAULT_WEIGHT_DECAY = 0.00004
 DEFAULT_MULTI_GRID = (1, 1, 1)
 # Root conv(s) stride 2, then pool1 strides 2.
 _ROOT_STRIDE = 4
@@ -187,7 +184,9 @@ def _register(name, num_layers, beta):
           8: ('block2/unit_3/%s/conv3' % _UNIT,),
           16: ('block3/unit_%d/%s/conv3' % (last_block3_unit, _UNIT),),
       },
-      default_weight_decay=DEFAULT_WEIGHT_DECAY,
+      # The original trainer's --weight_decay default, which it passed to
+      # every backbone (its resnet arg scope's own 1e-4 never applied).
+      default_weight_decay=4e-5,
   )(functools.partial(build_resnet, num_layers=num_layers, beta=beta,
                       scope=scope))
 

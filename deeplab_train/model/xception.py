@@ -29,9 +29,6 @@ from deeplab_train.model import registry
 
 BATCH_NORM = layers.BatchNormParams(decay=0.9997, epsilon=1e-3, scale=True)
 WEIGHTS_STDDEV = 0.09
-# What the original trainer used: its --weight_decay default (also the
-# default of its xception arg scope).
-DEFAULT_WEIGHT_DECAY = 0.00004
 DEFAULT_MULTI_GRID = (1, 1, 1)
 # entry_flow/conv1_1 has stride 2.
 _ROOT_STRIDE = 2
@@ -236,7 +233,9 @@ def _register(variant):
       decoder_end_points={
           stride: (unit + '/' + _PROJECTION,)
           for stride, unit in _DECODER_UNITS[variant].items()},
-      default_weight_decay=DEFAULT_WEIGHT_DECAY,
+      # The original trainer's --weight_decay default (also its xception
+      # arg scope's).
+      default_weight_decay=4e-5,
   )(functools.partial(build_xception, variant=variant))
 
 

@@ -22,9 +22,6 @@ from deeplab_train.train import losses
 from deeplab_train.train import scopes
 from deeplab_train.train import towers as towers_lib
 
-# Weight decay when neither the flag nor the backbone says otherwise (the
-# original's --weight_decay default).
-DEFAULT_WEIGHT_DECAY = 4e-5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,11 +92,10 @@ class _Update:
 
 
 def effective_weight_decay(train_options, model_variant):
-  """--weight_decay, or the backbone family's default when not given."""
+  """--weight_decay, or the backbone registry entry's default."""
   if train_options.weight_decay is not None:
     return train_options.weight_decay
-  default = registry.get(model_variant).default_weight_decay
-  return DEFAULT_WEIGHT_DECAY if default is None else default
+  return registry.get(model_variant).default_weight_decay
 
 
 def deeplab_model_fn(model_options, train_options):
