@@ -6,36 +6,33 @@ SavedModel directories), so a reader or a killed run never sees a partial
 output. The temp name is hidden and carries the pid, so concurrent
 writers do not collide.
 """
+import contextlib
 import json
 import os
 import shutil
 
 
-def _temp_name(path):
+def temp_name(path):
+  """The hidden temp name of `path` in its folder (with this pid)."""
   folder, base = os.path.split(os.path.abspath(path))
   return os.path.join(folder, '.%s.tmp-%d' % (base, os.getpid()))
 
 
-def write_bytes(path, data):
-  """Atomically writes `data` (bytes) to `path`, creating its folder."""
+@contextlib.contextmanager
+def writing(path):
+  """Yields a temp path to write `path` under; renames it into place when
+  the block ends without an error, removes it in any case.
+
+  For writers that want a file name (e.g. a TFRecordWriter).
+  """
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = _temp_name(path)
+  tmp = temp_name(path)
   try:
-    with open(tmp, 'wb') as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
+    yield tmp
     os.replace(tmp, path)
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
-  return path
-
-
-def write_json(path, payload):
-  """Atomically writes `payload` as indented JSON."""
-  text = json.dumps(payload, indent=1, sort_keys=True) + '\n'
-  return write_bytes(path, text.encode('utf-8'))
 
 
 def write_with(path, writer):
@@ -45,21 +42,28 @@ def write_with(path, writer):
   is then told the format explicitly since the temp name has no extension
   it recognises).
   """
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = _temp_name(path)
-  try:
+  with writing(path) as tmp:
     with open(tmp, 'wb') as f:
       writer(f)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+      f.flush()
+      os.fsync(f.fileno())
   return path
+
+
+def write_bytes(path, data):
+  """Atomically writes `data` (bytes) to `path`, creating its folder."""
+  return write_with(path, lambda f: f.write(data))
+
+
+def write_json(path, payload):
+  """Atomically writes `payload` as indented JSON."""
+  text = json.dumps(payload, indent=1, sort_keys=True) + '\n'
+  return write_bytes(path, text.encode('utf-8'))
 
 
 def temp_dir_for(path):
   """A fresh temp directory beside `path`, to be passed to `replace_dir`."""
-  tmp = _temp_name(path)
+  tmp = temp_name(path)
   if os.path.exists(tmp):
     shutil.rmtree(tmp)
   return tmp
@@ -72,7 +76,7 @@ def replace_dir(tmp, path):
   first renamed aside and deleted only once the new one is in place.
   """
   if os.path.lexists(path):
-    old = _temp_name(path) + '.old'
+    old = temp_name(path) + '.old'
     os.rename(path, old)
     os.rename(tmp, path)
     if os.path.isdir(old) and not os.path.islink(old):

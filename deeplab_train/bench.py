@@ -41,6 +41,7 @@ import numpy as np
 from PIL import Image
 import tensorflow.compat.v1 as tf
 
+from deeplab_train import atomic
 from deeplab_train.config import ConfigError
 from deeplab_train.data import datasets
 from deeplab_train.data import pipeline
@@ -151,12 +152,11 @@ def write_synthetic_dataset(output_dir, num_images=64, num_shards=4,
   for shard in range(num_shards):
     path = os.path.join(output_dir, tfrecord.shard_filename(
         split, shard, num_shards))
-    tmp = os.path.join(output_dir, '.%s.tmp' % os.path.basename(path))
-    with tf.io.TFRecordWriter(tmp) as writer:
-      for index in range(shard, num_images, num_shards):
-        writer.write(synthetic_example(rng, index, num_classes,
-                                       size).SerializeToString())
-    os.replace(tmp, path)
+    with atomic.writing(path) as tmp:
+      with tf.io.TFRecordWriter(tmp) as writer:
+        for index in range(shard, num_images, num_shards):
+          writer.write(synthetic_example(rng, index, num_classes,
+                                         size).SerializeToString())
   return datasets.DatasetInfo(name='synthetic', num_classes=num_classes,
                               ignore_label=255,
                               splits_to_sizes={split: num_images})

@@ -22,7 +22,6 @@ sample converts the bundled sample dataset (data/ of the source tree), both
 into a temp folder; dataset_dir reads --dataset_dir / --train_split.
 """
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import tempfile
 from absl import flags
 from absl import logging
 
+from deeplab_train import atomic
 from deeplab_train import bench
 from deeplab_train import config
 from deeplab_train.cli import app
@@ -206,14 +206,9 @@ def run_variants(variants):
 
 
 def _write_json(results, path):
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  tmp = os.path.join(directory, '.%s.tmp-%d' % (os.path.basename(path),
-                                                os.getpid()))
-  with open(tmp, 'w') as f:
-    for result in results:
-      f.write(json.dumps(result, sort_keys=True) + '\n')
-  os.replace(tmp, path)
+  """One JSON line per result, written under a temp name."""
+  text = ''.join(json.dumps(r, sort_keys=True) + '\n' for r in results)
+  atomic.write_bytes(path, text.encode('utf-8'))
 
 
 def main(argv):

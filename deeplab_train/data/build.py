@@ -28,6 +28,7 @@ from typing import Optional, Tuple
 import numpy as np
 from PIL import Image
 
+from deeplab_train import atomic
 from deeplab_train.config import ConfigError
 from deeplab_train.data import colormap as colormap_lib
 from deeplab_train.data import datasets
@@ -379,12 +380,6 @@ def make_example(entry, options):
 # ---------------------------------------------------------------------------
 # Writing shards.
 # ---------------------------------------------------------------------------
-def _temp_path(final_path):
-  # Hidden name: never matched by the `{split}-*` reader glob.
-  folder, base = os.path.split(final_path)
-  return os.path.join(folder, '.%s.tmp-%d' % (base, os.getpid()))
-
-
 def _write_shard(entries, temp_path, options, stop):
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   with tf.io.TFRecordWriter(temp_path) as writer:
@@ -418,7 +413,8 @@ def write_split(entries, split, output_dir, options):
   n = options.num_shards
   finals = [os.path.join(output_dir, tfrecord.shard_filename(split, i, n))
             for i in range(n)]
-  temps = [_temp_path(p) for p in finals]
+  # Hidden temp names: never matched by the `{split}-*` reader glob.
+  temps = [atomic.temp_name(p) for p in finals]
   workers = options.num_workers or min(n, os.cpu_count() or 1)
   stop = threading.Event()
   try:

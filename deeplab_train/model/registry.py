@@ -11,7 +11,7 @@ To add a backbone: write a module under `deeplab_train/model/`, decorate its
 builder with `register`, and import the module in `model/__init__.py`.
 """
 import dataclasses
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Tuple
 
 from deeplab_train.config import ConfigError
 

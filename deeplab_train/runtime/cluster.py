@@ -23,7 +23,6 @@ from absl import logging
 import tensorflow.compat.v1 as tf
 
 from deeplab_train.config import ConfigError
-from deeplab_train.runtime import cluster_spec
 from deeplab_train.runtime import lock as lock_lib
 
 # Seconds between two checks of a waiting non-chief worker (TensorFlow's

@@ -18,7 +18,7 @@ server or touches TensorFlow (runtime/cluster.py does).
 """
 import dataclasses
 import json
-from typing import Optional, Tuple
+from typing import Tuple
 
 from absl import logging
 
