@@ -71,7 +71,7 @@ class ModelOptions(_JsonMixin):
     crop_size: (height, width) the network is built for, or None for
       dynamic shapes (image pooling then uses the tensor's own size).
     atrous_rates: rates of the atrous ASPP branches; None for none.
-    output_stride: ratio of input to backbone output resolution (8/16/32).
+    output_stride: ratio of input to backbone output resolution (4/8/16/32).
     decoder_output_stride: strides of the decoder stages, e.g. (4,); None
       for no decoder.
     multi_grid: unit rates of the last backbone block (resnet variants).
@@ -126,7 +126,7 @@ class ModelOptions(_JsonMixin):
     if self.num_classes < 1:
       raise ConfigError('num_classes must be >= 1, got %d' % self.num_classes)
     if self.output_stride not in (4, 8, 16, 32):
-      raise ConfigError('--output_stride must be 8, 16 or 32, got %d'
+      raise ConfigError('--output_stride must be 4, 8, 16 or 32, got %d'
                         % self.output_stride)
     if self.decoder_output_stride:
       for s in self.decoder_output_stride:

@@ -20,7 +20,8 @@ Visualisation (environment variables, with their defaults):
                              pad each image to the next size that fits)
   EVAL_SCALES                [1.0]
   ALSO_SAVE_RAW_PREDICTIONS  [false] (raw label PNGs, e.g. for the test server)
-  MAX_NUMBER_OF_ITERATIONS   [1] (0: follow the train logdir forever)
+  MAX_NUMBER_OF_ITERATIONS   [1] (accepted as in the original; deeplab-vis
+                             draws the latest checkpoint once)
   VIS_EXTRA_FLAGS            more deeplab-vis flags (space separated)
 EOF
 

@@ -264,3 +264,20 @@ def test_pipeline_runs_eagerly(tiny_dir):
                                     is_training=True, seed=0)
     for batch in dataset.take(2):
       assert batch['image'].shape == (2, 17, 19, 3)
+
+
+def test_data_errors_are_recognised_by_the_pipelines_tag_not_their_wording():
+  tagged = tf.errors.InvalidArgumentError(
+      None, None, 'Graph execution error:\n\nassertion failed: [%sany '
+      'wording at all] [img_7]\n\t [[node Assert]]'
+      % pipeline.DATA_ERROR_TAG)
+  message = pipeline.data_error_message(tagged)
+  assert message.startswith(pipeline.DATA_ERROR_TAG + 'any wording at all')
+  assert '[[' not in message
+  untagged = tf.errors.InvalidArgumentError(None, None,
+                                            'label values outside [0, 5)')
+  assert pipeline.data_error_message(untagged) is None
+  assert pipeline.data_error_message(ValueError('x')) is None
+  lost = pipeline.data_error_message(
+      tf.errors.DataLossError(None, None, 'truncated record at 12'))
+  assert lost == 'corrupted TFRecord input: truncated record at 12'

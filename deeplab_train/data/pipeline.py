@@ -20,6 +20,7 @@ eagerly and inside a tf.Graph (make_one_shot_iterator / get_next).
 """
 import os
 import random
+import re
 
 import tensorflow.compat.v1 as tf
 
@@ -96,9 +97,36 @@ def split_files(dataset_dir, split):
 # ---------------------------------------------------------------------------
 # Per-record graph.
 # ---------------------------------------------------------------------------
+# Every in-graph check of the data starts its message with this tag:
+# `data_error_message` tells a failed check from a bug by it, whatever the
+# rest of the message says.
+DATA_ERROR_TAG = 'bad input data: '
+
+
+def data_error_message(error):
+  """A one-line message when a step failed on bad input data, else None.
+
+  Args:
+    error: an exception raised while running a graph fed by this pipeline.
+  """
+  if isinstance(error, tf.errors.DataLossError):
+    return 'corrupted TFRecord input: %s' % _first_line(error.message)
+  if (isinstance(error, tf.errors.InvalidArgumentError)
+      and DATA_ERROR_TAG in error.message):
+    text = error.message
+    return _first_line(text[text.index(DATA_ERROR_TAG):])
+  return None
+
+
+def _first_line(text):
+  line = text.strip().splitlines()[0] if text.strip() else ''
+  # Graph error messages append node details after ' [[': drop them.
+  return re.split(r'\s*\[\[', line)[0]
+
+
 def _assert_label_present(features, name):
   present = tf.strings.length(features[tfrecord.LABEL_ENCODED]) > 0
-  return tf.Assert(present, ['record has no label '
+  return tf.Assert(present, [DATA_ERROR_TAG + 'record has no label '
                              '(image/segmentation/class/encoded); image:',
                              name])
 
@@ -107,7 +135,8 @@ def _assert_same_size(image, label, name):
   image_hw = tf.shape(image)[:2]
   label_hw = tf.shape(label)[:2]
   return tf.Assert(tf.reduce_all(tf.equal(image_hw, label_hw)),
-                   ['image and label sizes differ; image, its HxW, label HxW:',
+                   [DATA_ERROR_TAG + 'image and label sizes differ; image, '
+                    'its HxW, label HxW:',
                     name, image_hw, label_hw])
 
 
@@ -143,7 +172,7 @@ def label_range_assertion(label, name, num_classes, ignore_label):
     return tf.unique(tf.boolean_mask(flat_ids, invalid))[0]
   bad_values = tf.cond(all_valid, lambda: tf.zeros([0], tf.int32),
                        find_bad_values)
-  message = (
+  message = DATA_ERROR_TAG + (
       'label values outside [0, %d) and not the ignore label %d (a colour '
       'palette PNG stored as-is decodes to grey levels 38, 75, ...: rebuild '
       'the TFRecords with deeplab-build-data, or fix num_classes / '

@@ -256,11 +256,6 @@ def random_flip_decision(seed, probability=FLIP_PROBABILITY):
   return tf.random.stateless_uniform([], seed) <= probability
 
 
-def random_flip_left_right(image, label, seed, probability=FLIP_PROBABILITY):
-  """Flips both horizontally with `probability` (the same decision)."""
-  return _flip_if(random_flip_decision(seed, probability), image, label)
-
-
 def _flip_if(flip, image, label):
   if flip is False:
     return image, label
@@ -337,8 +332,7 @@ def scale_pad_and_crop(image, label, scale, crop_height, crop_width,
     mean_pixel: RGB padding value of the image (numbers).
     ignore_label: padding value of the label.
     seed: int tensor [2] choosing the window (as `random_crop` does).
-    flip: False, or a bool scalar tensor: flip the crop left-right (as
-      `random_flip_left_right` after the crop).
+    flip: False, or a bool scalar tensor: flip the crop left-right.
 
   Returns:
     (image float32 [crop_height, crop_width, 3],

@@ -23,6 +23,7 @@ from absl import logging
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
+from deeplab_train.data import pipeline
 from deeplab_train.runtime import cluster as cluster_lib
 from deeplab_train.runtime import hooks as hooks_lib
 from deeplab_train.runtime import lock as lock_lib
@@ -30,7 +31,6 @@ from deeplab_train.runtime import session_config as session_lib
 from deeplab_train.runtime.result import RunResult
 from deeplab_train.train import checkpoint_init
 from deeplab_train.train import graph as graph_lib
-from deeplab_train.train import inputs
 
 # Steps between two Chrome traces with --profile_logdir.
 PROFILE_STEPS = 100
@@ -299,7 +299,7 @@ class TrainingRun:
                           checkpoint=tf.train.latest_checkpoint(logdir),
                           message=str(e))
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-      message = inputs.input_error_message(e)
+      message = pipeline.data_error_message(e)
       if message is None:
         raise
       logging.error('%s', message)
