@@ -264,7 +264,7 @@ def test_cli_exits_non_zero_with_one_clear_line(tmp_path):
                  labels, '--list_folder', lists, '--image_format', 'png',
                  '--output_dir', str(tmp_path / 'out'), '--num_classes', '4'],
                 str(tmp_path))
-  assert result.returncode == 1
+  assert result.returncode == 2
   assert 'Traceback' not in result.stderr
   error_lines = [l for l in result.stderr.splitlines()
                  if l.startswith('deeplab-build-data: error:')]

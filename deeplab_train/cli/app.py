@@ -1,21 +1,75 @@
-"""The shell every command starts in: --help, bad flags, exit codes.
+"""The shell every command runs in: --help, bad flags, errors, exit codes
+and the one JSON result line.
 
 absl's `app.run` prints the `__main__` module's docstring for --help and
 exits 1 after it, and a bad flag exits 1 with the whole usage. A command
 here instead prints its own module docstring and flags for --help and exits
-0, and a bad or unknown flag exits 2 with one line.
+0, and a bad or unknown flag exits 2 with one line. `run_body` maps the
+errors of a command's work to exit codes (bad input 2 with one line,
+anything else 1 with its traceback in the log), and every command ends with
+one JSON line on stdout (`print_result`): {"event": "result", "status":
+..., ...}. The exit codes are those of runtime/result.py.
 """
+import json
+import logging
 import sys
 
 from absl import app
 from absl import flags
+import tensorflow.compat.v1 as tf
+
+from deeplab_train import config
+from deeplab_train.runtime import result as result_lib
 
 FLAGS = flags.FLAGS
 
-# Exit codes shared by every command.
-EXIT_OK = 0
-EXIT_UNEXPECTED = 1
-EXIT_BAD_INPUT = 2
+EXIT_OK = result_lib.EXIT_CODES['ok']
+EXIT_UNEXPECTED = result_lib.EXIT_CODES['error']
+EXIT_BAD_INPUT = result_lib.EXIT_CODES['bad_input']
+# Errors that mean bad input (flags, files, checkpoints), not a bug.
+BAD_INPUT_ERRORS = (config.ConfigError, tf.errors.NotFoundError,
+                    tf.errors.DataLossError)
+
+
+def print_result(status, **fields):
+  """Prints the command's JSON result line (sorted keys, flushed)."""
+  line = dict(fields, event='result', status=status)
+  print(json.dumps(line, sort_keys=True), flush=True)
+
+
+def check_no_positional(command, argv):
+  if len(argv) > 1:
+    raise config.ConfigError('unexpected argument(s) %s; %s takes only '
+                             '--flags' % (' '.join(argv[1:]), command))
+
+
+def run_body(command, argv, body, bad_input_errors=BAD_INPUT_ERRORS):
+  """Runs body() as a command: errors become a message, a JSON line, a code.
+
+  Args:
+    command: the command name for messages.
+    argv: the positional arguments left by absl (only the program name is
+      allowed).
+    body: fn() doing the work and printing its result line.
+    bad_input_errors: exception classes that mean bad input.
+
+  Returns:
+    EXIT_OK, EXIT_BAD_INPUT (one line on stderr) or EXIT_UNEXPECTED
+    (anything else, logged with its traceback).
+  """
+  try:
+    check_no_positional(command, argv)
+    body()
+  except bad_input_errors as e:
+    message = getattr(e, 'message', None) or str(e)
+    sys.stderr.write('%s: error: %s\n' % (command, message))
+    print_result('bad_input', message=message)
+    return EXIT_BAD_INPUT
+  except Exception as e:  # pylint: disable=broad-except
+    logging.exception('%s failed', command)
+    print_result('error', message='%s: %s' % (type(e).__name__, e))
+    return EXIT_UNEXPECTED
+  return EXIT_OK
 
 _SHORT_HELP = ('--help', '-help', '-h', '-?', '--helpshort', '-helpshort')
 _FULL_HELP = ('--helpfull', '-helpfull')

@@ -17,10 +17,10 @@ Palette ('P') and grey ('L') label PNGs are read as class ids; RGB colour
 labels are converted through --colormap (or refused with
 --noconvert_rgb_labels). Run once per split to add splits to the same
 --output_dir: dataset.json keeps the union of the splits.
-Exit status: 0 done, 1 bad input (one-line message on stderr).
+Exit status: 0 done, 2 bad input (one-line message on stderr), 1 anything
+else; the last line on stdout is a JSON result line.
 """
 import logging
-import sys
 
 from absl import flags
 
@@ -30,6 +30,7 @@ from deeplab_train.data import build
 from deeplab_train.data import colormap
 
 FLAGS = flags.FLAGS
+COMMAND = 'deeplab-build-data'
 
 # The original converter's flags and defaults.
 flags.DEFINE_string('image_folder', './VOCdevkit/VOC2012/JPEGImages',
@@ -105,27 +106,27 @@ def convert_from_flags():
                          label_format=FLAGS.label_format)
 
 
-def main(argv):
-  if len(argv) > 1:
-    print('deeplab-build-data: error: unexpected arguments %s'
-          % ' '.join(argv[1:]), file=sys.stderr)
-    return 1
-  logging.getLogger('deeplab_train').setLevel(logging.INFO)
-  try:
-    info = convert_from_flags()
-  except (ConfigError, OSError) as e:
-    # Bad input or an unwritable --output_dir: one line, no traceback.
-    print('deeplab-build-data: error: %s' % e, file=sys.stderr)
-    return 1
+def _build():
+  info = convert_from_flags()
   print('wrote %s: dataset %r, %d classes, ignore %d, splits %s'
         % (FLAGS.output_dir, info.name, info.num_classes, info.ignore_label,
            ', '.join('%s=%d' % kv for kv in sorted(
                info.splits_to_sizes.items()))))
-  return 0
+  app.print_result('ok', output_dir=FLAGS.output_dir, dataset=info.name,
+                   num_classes=info.num_classes,
+                   ignore_label=info.ignore_label,
+                   splits=dict(info.splits_to_sizes))
+
+
+def main(argv):
+  logging.getLogger('deeplab_train').setLevel(logging.INFO)
+  # Bad input or an unwritable --output_dir: one line, no traceback.
+  return app.run_body(COMMAND, argv, _build,
+                      bad_input_errors=(ConfigError, OSError))
 
 
 def run():
-  app.start('deeplab-build-data', main, __doc__, (__name__,))
+  app.start(COMMAND, main, __doc__, (__name__,))
 
 
 if __name__ == '__main__':

@@ -14,13 +14,13 @@ Prints a per-class table and, last, one JSON line; writes the same JSON to
 --eval_result_json (default EVAL_LOGDIR/eval_result.json) and TensorBoard
 summaries to EVAL_LOGDIR. Exit codes: 0 ok, 2 bad input, 1 unexpected error.
 """
-import json
 import logging
 import os
 
 from absl import flags
 
 from deeplab_train import config
+from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import inference_flags
 from deeplab_train.data import datasets
@@ -120,7 +120,7 @@ def print_result(result, scores):
   print('checkpoint %s (step %s), %d images of split %r'
         % (result['checkpoint'], result['global_step'], result['num_images'],
            result['split']))
-  print(json.dumps(dict(result, status='ok'), sort_keys=True), flush=True)
+  app.print_result('ok', **result)
 
 
 def run_eval(opts):
@@ -140,7 +140,7 @@ def run_eval(opts):
 
 def main(argv):
   logging.getLogger().setLevel(logging.INFO)
-  return inference_flags.run_main(COMMAND, argv,
+  return app.run_body(COMMAND, argv,
                                   lambda: run_eval(build_options()))
 
 

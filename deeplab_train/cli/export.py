@@ -14,13 +14,13 @@ network, with the original export's defaults (--num_classes=21,
 --output_stride=8). Prints one JSON line; exit codes: 0 ok, 2 bad input,
 1 unexpected error.
 """
-import json
 import logging
 import os
 
 from absl import flags
 
 from deeplab_train import config
+from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import inference_flags
 from deeplab_train.evaluation import predictor as predictor_lib
@@ -97,10 +97,10 @@ def build_options():
 
 
 def run_export(checkpoint, model_options, export_options):
-  """Writes the requested exports; returns a summary dict."""
+  """Writes the requested exports; returns what was written (a dict)."""
   frozen, graph_def, _ = freeze.freeze(checkpoint, model_options,
                                        export_options)
-  out = {'status': 'ok', 'checkpoint': checkpoint, 'export_path': None,
+  out = {'checkpoint': checkpoint, 'export_path': None,
          'saved_model_dir': None}
   if FLAGS.export_path:
     freeze.write_frozen_graph(frozen, FLAGS.export_path)
@@ -116,12 +116,12 @@ def run_export(checkpoint, model_options, export_options):
 
 def _export():
   out = run_export(*build_options())
-  print(json.dumps(out, sort_keys=True), flush=True)
+  app.print_result('ok', **out)
 
 
 def main(argv):
   logging.getLogger().setLevel(logging.INFO)
-  return inference_flags.run_main(COMMAND, argv, _export)
+  return app.run_body(COMMAND, argv, _export)
 
 
 def run():

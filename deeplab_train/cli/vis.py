@@ -10,13 +10,13 @@ the model options saved beside it. PNGs are named after the images and have
 the input image's size (see deeplab_train/evaluation/vis.py for the layout).
 Prints one JSON line; exit codes: 0 ok, 2 bad input, 1 unexpected error.
 """
-import json
 import logging
 import os
 
 from absl import flags
 
 from deeplab_train import config
+from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import inference_flags
 from deeplab_train.data import colormap as colormap_lib
@@ -146,14 +146,13 @@ def _vis():
     raise config.ConfigError('--vis_batch_size must be >= 1')
   opts = build_options()
   count = run_vis(opts)
-  print(json.dumps({'status': 'ok', 'checkpoint': opts['checkpoint'],
-                    'num_images': count, 'vis_logdir': FLAGS.vis_logdir},
-                   sort_keys=True), flush=True)
+  app.print_result('ok', checkpoint=opts['checkpoint'], num_images=count,
+                   vis_logdir=FLAGS.vis_logdir)
 
 
 def main(argv):
   logging.getLogger().setLevel(logging.INFO)
-  return inference_flags.run_main(COMMAND, argv, _vis)
+  return app.run_body(COMMAND, argv, _vis)
 
 
 def run():
