@@ -16,7 +16,6 @@ import sys
 
 from absl import app
 from absl import flags
-import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
 from deeplab_train.runtime import result as result_lib
@@ -26,9 +25,17 @@ FLAGS = flags.FLAGS
 EXIT_OK = result_lib.EXIT_CODES['ok']
 EXIT_UNEXPECTED = result_lib.EXIT_CODES['error']
 EXIT_BAD_INPUT = result_lib.EXIT_CODES['bad_input']
-# Errors that mean bad input (flags, files, checkpoints), not a bug.
-BAD_INPUT_ERRORS = (config.ConfigError, tf.errors.NotFoundError,
-                    tf.errors.DataLossError)
+
+
+def bad_input_errors():
+  """Errors that mean bad input (flags, files, checkpoints), not a bug.
+
+  TensorFlow is imported here, not with this module: commands that do not
+  need it (the retraining policy) start without it.
+  """
+  import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+  return (config.ConfigError, tf.errors.NotFoundError,
+          tf.errors.DataLossError)
 
 
 def print_result(status, **fields):
@@ -43,7 +50,7 @@ def check_no_positional(command, argv):
                              '--flags' % (' '.join(argv[1:]), command))
 
 
-def run_body(command, argv, body, bad_input_errors=BAD_INPUT_ERRORS):
+def run_body(command, argv, body, bad_input=None):
   """Runs body() as a command: errors become a message, a JSON line, a code.
 
   Args:
@@ -51,16 +58,19 @@ def run_body(command, argv, body, bad_input_errors=BAD_INPUT_ERRORS):
     argv: the positional arguments left by absl (only the program name is
       allowed).
     body: fn() doing the work and printing its result line.
-    bad_input_errors: exception classes that mean bad input.
+    bad_input: exception classes that mean bad input (default
+      `bad_input_errors()`).
 
   Returns:
     EXIT_OK, EXIT_BAD_INPUT (one line on stderr) or EXIT_UNEXPECTED
     (anything else, logged with its traceback).
   """
+  if bad_input is None:
+    bad_input = bad_input_errors()
   try:
     check_no_positional(command, argv)
     body()
-  except bad_input_errors as e:
+  except bad_input as e:
     message = getattr(e, 'message', None) or str(e)
     sys.stderr.write('%s: error: %s\n' % (command, message))
     print_result('bad_input', message=message)

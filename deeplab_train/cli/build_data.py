@@ -121,8 +121,7 @@ def _build():
 def main(argv):
   logging.getLogger('deeplab_train').setLevel(logging.INFO)
   # Bad input or an unwritable --output_dir: one line, no traceback.
-  return app.run_body(COMMAND, argv, _build,
-                      bad_input_errors=(ConfigError, OSError))
+  return app.run_body(COMMAND, argv, _build, bad_input=(ConfigError, OSError))
 
 
 def run():

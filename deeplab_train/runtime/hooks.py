@@ -12,7 +12,6 @@ import signal
 import time
 
 from absl import logging
-import numpy as np
 import tensorflow.compat.v1 as tf
 
 # Stop reasons recorded by the hooks (see StopState).
@@ -233,7 +232,3 @@ class ProgressHook(tf.train.SessionRunHook):
                 '%.3g images/s' % (self._batch_size / sec_per_step),
                 'ETA %s' % datetime.timedelta(seconds=int(round(eta)))]
     return '  '.join(parts)
-
-
-def is_finite_number(x):
-  return x is not None and bool(np.isfinite(x))

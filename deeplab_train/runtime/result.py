@@ -7,13 +7,16 @@ and the exit code each status maps to.
   bad_input        2  bad flags, dataset, checkpoint or records
   non_finite_loss  3  NaN/inf loss or weights; no checkpoint of that step
   locked          75  another live run holds the logdir (EX_TEMPFAIL)
+
+No TensorFlow here: the cron round's policy reads these codes in a process
+that should start in a fraction of a second.
 """
 import dataclasses
 import json
+import math
 from typing import Optional
 
 from deeplab_train import atomic
-from deeplab_train.runtime import hooks as hooks_lib
 
 EXIT_CODES = {'ok': 0, 'error': 1, 'bad_input': 2, 'non_finite_loss': 3,
               'locked': 75}
@@ -38,7 +41,7 @@ class RunResult:
     d = {'event': 'result'}
     d.update(dataclasses.asdict(self))
     d['seconds'] = round(self.seconds, 3)
-    if d['loss'] is not None and not hooks_lib.is_finite_number(d['loss']):
+    if d['loss'] is not None and not math.isfinite(d['loss']):
       d['loss'] = str(d['loss'])  # JSON has no NaN
     return d
 
