@@ -216,10 +216,17 @@ def test_unit_strides_and_rates_bookkeeping():
 
 @pytest.mark.parametrize('variant', ['xception_41', 'resnet_v1_50'])
 def test_bad_output_stride_and_multi_grid_are_config_errors(variant):
-  with pytest.raises(ConfigError, match='--output_stride=64.*' + variant):
+  # The errors name option fields; each command shows them as its flags.
+  with pytest.raises(ConfigError, match='^output_stride=64 .*model_variant='
+                                        + variant) as err:
     _build(variant, crop=33, output_stride=64)
-  with pytest.raises(ConfigError, match='--multi_grid'):
+  assert err.value.fields == ('ModelOptions.output_stride',
+                              'ModelOptions.model_variant')
+  with pytest.raises(ConfigError, match='^multi_grid must have 3 values for '
+                                        'model_variant=' + variant) as err:
     _build(variant, crop=33, multi_grid=(1, 2))
+  assert err.value.fields == ('ModelOptions.multi_grid',
+                              'ModelOptions.model_variant')
 
 
 # --- variables against the reference manifests -----------------------------

@@ -236,17 +236,32 @@ def test_generic_layout_matches_by_stem(tmp_path):
   with pytest.raises(build.DataError, match=r'1 image\(s\) .* have no '
                                             r'<stem>.png mask .*: b.png'):
     build.build_generic(str(img_dir), str(mask_dir), 'val', out, OPTIONS)
-  with pytest.raises(ConfigError, match='--split_name is required'):
+  with pytest.raises(ConfigError, match='^split_name is required with '
+                                        'masks_folder'):
     build.build_generic(str(img_dir), str(mask_dir), None, out, OPTIONS)
 
 
-def test_bad_options_name_the_flag():
-  with pytest.raises(ConfigError, match='--num_classes must be in 1..256'):
+def test_bad_options_name_the_field():
+  # The library names fields; deeplab-build-data shows them as its flags
+  # (test_cli_errors_name_the_flags).
+  with pytest.raises(ConfigError, match='^num_classes must be in 1..256'):
     build.BuildOptions(num_classes=300).validate()
-  with pytest.raises(ConfigError, match='--class_names has 2 names'):
+  with pytest.raises(ConfigError, match='^class_names has 2 names but '
+                                        'num_classes=3') as err:
     build.BuildOptions(num_classes=3, class_names=('a', 'b')).validate()
-  with pytest.raises(ConfigError, match='--colormap=nope'):
+  assert err.value.fields == ('BuildOptions.class_names',
+                              'BuildOptions.num_classes')
+  with pytest.raises(ConfigError, match='^colormap=nope'):
     build.BuildOptions(colormap='nope').validate()
+
+
+def test_error_values_are_never_read_as_field_references(tmp_path):
+  folder = str(tmp_path / '{BuildOptions.num_classes}%s')
+  with pytest.raises(ConfigError) as err:
+    build.build_generic(folder, folder, 'train', str(tmp_path), OPTIONS)
+  assert str(err.value) == 'image_folder=%s is not a folder' % folder
+  assert err.value.render(lambda f: '<%s>' % f) == (
+      '<build_generic.image_folder>=%s is not a folder' % folder)
 
 
 def _cli(args, cwd):
@@ -270,6 +285,20 @@ def test_cli_exits_non_zero_with_one_clear_line(tmp_path):
                  if l.startswith('deeplab-build-data: error:')]
   assert len(error_lines) == 1
   assert 'img_00.png: label values 30 are outside [0, 4)' in error_lines[0]
+  assert error_lines[0].endswith('set --num_classes / --ignore_label')
+
+
+def test_cli_errors_name_the_flags(tmp_path):
+  # build_voc's label_folder is set by --semantic_segmentation_folder.
+  missing = str(tmp_path / 'missing')
+  result = _cli(['--semantic_segmentation_folder', missing,
+                 '--image_folder', str(tmp_path),
+                 '--output_dir', str(tmp_path / 'out')], str(tmp_path))
+  assert result.returncode == 2
+  message = '--semantic_segmentation_folder=%s is not a folder' % missing
+  assert result.stderr.splitlines()[-1] == (
+      'deeplab-build-data: error: ' + message)
+  assert json.loads(result.stdout.splitlines()[-1])['message'] == message
 
 
 def test_sample_data_is_what_the_script_makes(tmp_path, repo_dir):

@@ -6,6 +6,7 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train.config import ConfigError
 from deeplab_train.config import PreprocessOptions
+from deeplab_train.data import image_ops
 from deeplab_train.data import preprocess
 import test_data_common as common
 
@@ -51,7 +52,7 @@ def test_resize_to_range_size_follows_the_original_rule():
            ((333, 500, 513, 513, None), (341, 513))]
 
   def build():
-    return [preprocess.resize_to_range_size(*args) for args, _ in cases]
+    return [image_ops.resize_to_range_size(*args) for args, _ in cases]
   for got, (_, want) in zip(common.run_in_graph(build), cases):
     assert tuple(got) == want
 
@@ -88,7 +89,8 @@ def test_random_scale_uniform_and_fixed():
   assert values.min() >= 0.5 and values.max() < 2.0
   assert len(set(values.tolist())) == 40
   assert preprocess.random_scale_factor(1.0, 1.0, 0.25, None) == 1.0
-  with pytest.raises(ConfigError, match='min_scale_factor'):
+  with pytest.raises(ConfigError, match=r'^min_scale_factor must be in '
+                                        r'\[0, max_scale_factor\]'):
     preprocess.random_scale_factor(2.0, 1.0, 0, None)
 
 

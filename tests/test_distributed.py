@@ -80,31 +80,31 @@ def test_flag_hosts_are_stripped_and_empty_entries_dropped():
 def test_original_replica_flags_must_match_the_cluster():
   c = cluster_spec.resolve(_options(num_replicas=2, num_ps_tasks=1))
   assert c.num_workers == 2
-  with pytest.raises(config.ConfigError, match='--num_replicas=3 but the '
+  with pytest.raises(config.ConfigError, match='num_replicas=3 but the '
                      'cluster has 2 worker'):
     cluster_spec.resolve(_options(num_replicas=3))
-  with pytest.raises(config.ConfigError, match='--num_ps_tasks=2 but the '
+  with pytest.raises(config.ConfigError, match='num_ps_tasks=2 but the '
                      'cluster has 1 ps'):
     cluster_spec.resolve(_options(num_ps_tasks=2))
 
 
 @pytest.mark.parametrize('kw, message', [
-    (dict(task=2), r'--task=2 is out of range: the cluster has 2 worker '
+    (dict(task=2), r'task=2 is out of range: the cluster has 2 worker '
      r'task\(s\) \(0\.\.1\)'),
-    (dict(job_name='ps', task=1), r'--task=1 is out of range: the cluster '
+    (dict(job_name='ps', task=1), r'task=1 is out of range: the cluster '
      r'has 1 ps task'),
-    (dict(job_name='chief'), '--job_name must be "ps" or "worker"'),
-    (dict(job_name=None), '--job_name must be "ps" or "worker"'),
-    (dict(worker_hosts=()), '--worker_hosts is required'),
-    (dict(worker_hosts=('127.0.0.1',)), r"--worker_hosts: '127.0.0.1' is not "
+    (dict(job_name='chief'), 'job_name must be "ps" or "worker"'),
+    (dict(job_name=None), 'job_name must be "ps" or "worker"'),
+    (dict(worker_hosts=()), 'worker_hosts is required'),
+    (dict(worker_hosts=('127.0.0.1',)), r"worker_hosts: '127.0.0.1' is not "
      r"host:port"),
-    (dict(ps_hosts=('127.0.0.1:99999',)), "--ps_hosts: '127.0.0.1:99999' is "
+    (dict(ps_hosts=('127.0.0.1:99999',)), "ps_hosts: '127.0.0.1:99999' is "
      "not host:port"),
     (dict(ps_hosts=(WORKERS[1],)), 'address 127.0.0.1:2222 is given twice'),
     (dict(ps_hosts=()), 'a cluster of 2 workers needs at least one parameter '
      'server'),
-    (dict(task=-1), '--task must be >= 0'),
-    (dict(startup_delay_steps=-1), '--startup_delay_steps must be >= 0'),
+    (dict(task=-1), 'task must be >= 0'),
+    (dict(startup_delay_steps=-1), 'startup_delay_steps must be >= 0'),
 ])
 def test_bad_flag_clusters_are_named(kw, message):
   with pytest.raises(config.ConfigError, match=message):
@@ -112,8 +112,8 @@ def test_bad_flag_clusters_are_named(kw, message):
 
 
 @pytest.mark.parametrize('kw, flag', [
-    (dict(task=1), '--task=1'), (dict(num_replicas=2), '--num_replicas=2'),
-    (dict(num_ps_tasks=1), '--num_ps_tasks=1')])
+    (dict(task=1), 'task=1'), (dict(num_replicas=2), 'num_replicas=2'),
+    (dict(num_ps_tasks=1), 'num_ps_tasks=1')])
 def test_replica_flags_without_a_cluster_are_refused(kw, flag):
   with pytest.raises(config.ConfigError, match=flag + ' needs a cluster'):
     cluster_spec.resolve(config.ClusterOptions(**kw))
@@ -219,7 +219,7 @@ def test_flags_and_tf_config_must_agree():
 
 
 def test_tf_config_counts_checked_against_replica_flags():
-  with pytest.raises(config.ConfigError, match='--num_replicas=3'):
+  with pytest.raises(config.ConfigError, match='num_replicas=3'):
     cluster_spec.resolve(config.ClusterOptions(num_replicas=3),
                         _tf_config('chief', 0))
 

@@ -1,6 +1,8 @@
 """DeepLab head and mobilenet_v2 at small crops: shapes, names, inference.
 
 Tiny models (65x65 crops, depth_multiplier 0.25), randomly initialised.
+About 400 lines on purpose: every section builds its graphs with the
+`small_options` helpers at the top; split by section if it grows further.
 """
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ import model_testing as mt
 from deeplab_train.config import ConfigError
 from deeplab_train.config import ModelOptions
 from deeplab_train.model import deeplab
+from deeplab_train.model import head
 from deeplab_train.model import layers
 from deeplab_train.model import mobilenet_v2
 from deeplab_train.model import registry
@@ -105,7 +108,7 @@ def test_full_size_mobilenet_decoder_end_point_has_144_channels():
 
 def test_normalize_maps_mean_pixel_to_zero():
   with tf.Graph().as_default(), tf.Session() as sess:
-    values = sess.run(mobilenet_v2.normalize(
+    values = sess.run(registry.get('mobilenet_v2').normalize(
         tf.constant([0.0, 127.5, 255.0])))
   np.testing.assert_allclose(values, [-1.0, 0.0, 1.0], atol=1e-6)
 
@@ -186,7 +189,7 @@ def test_no_aspp_uses_atrous_logits_branches():
 def test_logits_kernel_size_must_be_1_with_aspp():
   options = small_options(logits_kernel_size=3)
   with tf.Graph().as_default():
-    with pytest.raises(ConfigError, match='logits_kernel_size'):
+    with pytest.raises(ConfigError, match='^logits_kernel_size must be 1'):
       mt.build_logits(options)
 
 
@@ -392,7 +395,8 @@ def test_unknown_model_variant_lists_known_ones():
 def test_decoder_stride_without_end_point_is_a_clear_error():
   options = small_options(decoder_output_stride=(2,))
   with tf.Graph().as_default():
-    with pytest.raises(ConfigError, match=r'decoder_output_stride=2.*4, 8, 16'):
+    with pytest.raises(ConfigError, match=r'^decoder_output_stride=2 .*'
+                                          r'4, 8, 16'):
       mt.build_logits(options)
 
 
@@ -405,5 +409,5 @@ def test_missing_decoder_end_point_is_a_clear_error():
     end_points = {'layer_3': tf.zeros([1, 17, 17, 8])}
     with pytest.raises(ConfigError,
                        match=r"'layer_4/depthwise_output'.*layer_3"):
-      deeplab.refine_by_decoder(features, end_points, backbone, CROP, options,
-                                params)
+      head.refine_by_decoder(features, end_points, backbone, CROP, options,
+                             params)

@@ -146,7 +146,7 @@ def test_session_config_settings():
 
 
 def test_session_config_rejects_bad_values():
-  with pytest.raises(ValueError, match='--mixed_precision'):
+  with pytest.raises(ValueError, match='mixed_precision'):
     session_lib.make_session_config('fp8')
   with pytest.raises(ValueError, match='thread'):
     session_lib.make_session_config(intra_op_threads=-1)
@@ -330,7 +330,7 @@ def test_fp16_refused_with_a_wrapped_optimizer():
 
 
 def test_train_options_validate_speed_fields():
-  with pytest.raises(config.ConfigError, match='--mixed_precision'):
+  with pytest.raises(config.ConfigError, match='mixed_precision'):
     _train_options(mixed_precision='fp8')
   with pytest.raises(config.ConfigError, match='intra_op'):
     _train_options(intra_op_parallelism_threads=-2)
@@ -519,7 +519,9 @@ def test_bench_command_prints_table_and_json(tmp_path):
   lines = [json.loads(l) for l in proc.stdout.splitlines()
            if l.startswith('{')]
   assert len(lines) == 1
-  result = lines[0]
+  assert (lines[0]['event'], lines[0]['status']) == ('result', 'ok')
+  assert len(lines[0]['results']) == 1
+  result = lines[0]['results'][0]
   assert set(result) == set(bench.RESULT_FIELDS)
   assert result['mixed_precision'] == 'bf16'
   assert result['crop_size'] == [CROP, CROP]
@@ -531,7 +533,7 @@ def test_bench_command_prints_table_and_json(tmp_path):
   assert np.isfinite(result['last_loss'])
   assert 'share of fp32 peak' in proc.stdout
   written = (tmp_path / 'bench.json').read_text().splitlines()
-  assert [json.loads(l) for l in written] == lines
+  assert [json.loads(l) for l in written] == lines[0]['results']
 
 
 def _fake_result(mode, xla, images_per_sec):
@@ -553,14 +555,15 @@ def test_bench_variants_run_in_child_processes(monkeypatch):
     mode = mode.split('=')[1]
     result = _fake_result(mode, '--use_xla' in argv, 4.0 if mode == 'none'
                           else 8.0)
+    line = {'event': 'result', 'status': 'ok', 'results': [result]}
     return subprocess.CompletedProcess(
-        argv, 0, 'noise\nBENCH_RESULT %s\n' % json.dumps(result), '')
+        argv, 0, 'noise\n%s\n' % json.dumps(line), '')
 
   monkeypatch.setattr(bench_cli.subprocess, 'run', fake_run)
   with flagsaver.flagsaver():
     flags.FLAGS(['deeplab-bench', '--output_stride=8', '--atrous_rates=6',
                  '--atrous_rates=12', '--bench_variants=none,bf16+xla'])
-    results = bench_cli.run_variants(flags.FLAGS.bench_variants)
+    results = bench_cli.run_variants(bench_cli.options_from_flags())
   assert [(r['mixed_precision'], r['use_xla']) for r in results] == [
       ('none', False), ('bf16', True)]
   first, second = commands

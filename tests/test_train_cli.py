@@ -179,3 +179,34 @@ def test_help_documents_the_exit_codes():
       timeout=120).stdout
   assert 'Exit codes:' in out and '75  the logdir is locked' in out
   assert '--train_logdir' in out
+
+
+def test_library_errors_name_fields_and_commands_show_flags():
+  from deeplab_train.cli import app
+  from deeplab_train.cli import eval as eval_cli
+  from deeplab_train.cli import export as export_cli
+  from deeplab_train.cli import vis as vis_cli
+  with pytest.raises(config.ConfigError) as error:
+    config.InferenceOptions(crop_size=(0, 5)).validate()
+  assert str(error.value).startswith('crop_size must be HEIGHT,WIDTH')
+  assert error.value.fields == ('InferenceOptions.crop_size',)
+  shown = {cli.COMMAND: app.user_message(error.value, cli.FLAG_NAMES)
+           for cli in (eval_cli, vis_cli, export_cli)}
+  assert shown == {
+      'deeplab-eval': '--eval_crop_size must be HEIGHT,WIDTH with positive '
+                      'values, got 0,5',
+      'deeplab-vis': '--vis_crop_size must be HEIGHT,WIDTH with positive '
+                     'values, got 0,5',
+      'deeplab-export': '--crop_size must be HEIGHT,WIDTH with positive '
+                        'values, got 0,5'}
+  with pytest.raises(config.ConfigError) as error:
+    config.check_training_setup(config.ModelOptions(crop_size=(64, 64)),
+                                config.TrainOptions())
+  assert app.user_message(error.value, train_cli.FLAG_NAMES).startswith(
+      '--train_crop_size=64,64 does not fit --output_stride=16')
+
+
+def test_values_are_never_read_as_field_references():
+  error = config.ConfigError('{RunOptions.train_logdir}=%s is odd',
+                             '/data/{RunOptions.log_steps}')
+  assert str(error) == 'train_logdir=/data/{RunOptions.log_steps} is odd'

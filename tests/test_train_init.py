@@ -110,7 +110,7 @@ def test_logits_of_another_class_count_are_skipped_with_a_hint(checkpoint_21):
       ('logits/semantic/weights', (1, 1, 256, 21), (1, 1, 256, 5))]
   text = '\n'.join(plan.summary_lines())
   assert ('logits have 21 classes in the checkpoint, the model 5: pass '
-          '--initialize_last_layer=false') in text
+          'initialize_last_layer=false') in text
   assert '2 skipped with a shape mismatch' in text
   assert len(plan.restored) == len(values) - 2
   np.testing.assert_array_equal(values['aspp0/weights'], ckpt['aspp0/weights'])

@@ -84,5 +84,5 @@ def test_adam_uses_its_own_constant_rate():
   optimizer = graph_lib._optimizer(options, tf.constant(0.5))  # pylint: disable=protected-access
   assert isinstance(optimizer, tf.train.AdamOptimizer)
   assert optimizer._lr == 0.003 and optimizer._epsilon == 1e-6  # pylint: disable=protected-access
-  with pytest.raises(config.ConfigError, match='--optimizer'):
+  with pytest.raises(config.ConfigError, match='optimizer'):
     config.TrainOptions(optimizer='sgd').validate()

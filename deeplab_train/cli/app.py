@@ -9,6 +9,12 @@ errors of a command's work to exit codes (bad input 2 with one line,
 anything else 1 with its traceback in the log), and every command ends with
 one JSON line on stdout (`print_result`): {"event": "result", "status":
 ..., ...}. The exit codes are those of runtime/result.py.
+
+Library errors name option fields ({owner.field}, see config/errors.py);
+`user_message` shows each as the flag that sets it in this command: by
+default the field's own name, else the command's FLAG_NAMES entry (e.g.
+InferenceOptions.crop_size is --eval_crop_size in deeplab-eval and
+--vis_crop_size in deeplab-vis).
 """
 import json
 import logging
@@ -18,6 +24,7 @@ from absl import app
 from absl import flags
 
 from deeplab_train import config
+from deeplab_train.config import errors
 from deeplab_train.runtime import result as result_lib
 
 FLAGS = flags.FLAGS
@@ -44,13 +51,40 @@ def print_result(status, **fields):
   print(json.dumps(line, sort_keys=True), flush=True)
 
 
+def flag_namer(flag_names=None):
+  """fn('owner.field') -> '--flag' for messages.
+
+  Args:
+    flag_names: {'owner.field': 'flag_name'} where the flag is not named
+      after the field (a command's FLAG_NAMES).
+  """
+  flag_names = flag_names or {}
+  return lambda field: '--' + flag_names.get(field,
+                                             errors.field_name(field))
+
+
+def user_message(error_or_text, flag_names=None):
+  """A message in this command's terms: option fields shown as flags.
+
+  Args:
+    error_or_text: a text with {owner.field} references, a ConfigError or
+      config.errors.Message, or any other exception.
+    flag_names: the command's field -> flag names (see `flag_namer`).
+  """
+  if isinstance(error_or_text, str):
+    return errors.render(error_or_text, flag_namer(flag_names))
+  if isinstance(error_or_text, (config.ConfigError, errors.Message)):
+    return error_or_text.render(flag_namer(flag_names))
+  return getattr(error_or_text, 'message', None) or str(error_or_text)
+
+
 def check_no_positional(command, argv):
   if len(argv) > 1:
     raise config.ConfigError('unexpected argument(s) %s; %s takes only '
                              '--flags' % (' '.join(argv[1:]), command))
 
 
-def run_body(command, argv, body, bad_input=None):
+def run_body(command, argv, body, bad_input=None, flag_names=None):
   """Runs body() as a command: errors become a message, a JSON line, a code.
 
   Args:
@@ -60,6 +94,7 @@ def run_body(command, argv, body, bad_input=None):
     body: fn() doing the work and printing its result line.
     bad_input: exception classes that mean bad input (default
       `bad_input_errors()`).
+    flag_names: the command's field -> flag names (see `flag_namer`).
 
   Returns:
     EXIT_OK, EXIT_BAD_INPUT (one line on stderr) or EXIT_UNEXPECTED
@@ -71,7 +106,7 @@ def run_body(command, argv, body, bad_input=None):
     check_no_positional(command, argv)
     body()
   except bad_input as e:
-    message = getattr(e, 'message', None) or str(e)
+    message = user_message(e, flag_names)
     sys.stderr.write('%s: error: %s\n' % (command, message))
     print_result('bad_input', message=message)
     return EXIT_BAD_INPUT

@@ -10,8 +10,10 @@ Takes deeplab-train's model and training flags. Measures in one process the
 input pipeline's images/s, training images/s and s/step after warm-up, FLOPs
 per step and the FLOP/s achieved, the fp32 matmul peak of the machine and
 the share of it achieved, peak memory, and the time the towers waited for
-input (see deeplab_train/bench.py for how). Prints a table and one JSON
-line per measured setting (also written to --bench_json).
+input (see deeplab_train/bench/ for how). Prints a table and, last, one
+JSON line {"event": "result", "status": "ok", "results": [...]} with a
+result per measured setting (also written to --bench_json, one line each).
+Exit codes: 0 ok, 2 bad input, 1 unexpected error (e.g. a failed setting).
 
 --bench_variants compares settings: each one runs in its own process (so
 each has its own peak memory), one after the other, and the table gets a
@@ -21,10 +23,12 @@ Data: --bench_data=synthetic writes VOC-sized synthetic JPEGs (21 classes),
 sample converts the bundled sample dataset (data/ of the source tree), both
 into a temp folder; dataset_dir reads --dataset_dir / --train_split.
 """
+import dataclasses
 import json
 import subprocess
 import sys
 import tempfile
+from typing import Optional, Tuple
 
 from absl import flags
 from absl import logging
@@ -34,17 +38,22 @@ from deeplab_train import bench
 from deeplab_train import config
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
-from deeplab_train.cli import train as train_cli
+from deeplab_train.cli import train_flags
 from deeplab_train.data import datasets
 from deeplab_train.model import registry
-from deeplab_train.train import graph as graph_lib
 from deeplab_train.runtime import session_config as session_lib
+from deeplab_train.train import graph as graph_lib
 
 FLAGS = flags.FLAGS
 COMMAND = 'deeplab-bench'
+# Option fields whose flag is not named after the field.
+FLAG_NAMES = dict(train_flags.FLAG_NAMES, **{
+    'BenchOptions.' + f.name: 'bench_' + f.name
+    for f in dataclasses.fields(bench.BenchOptions)})
 
-flags.DEFINE_enum('bench_data', 'synthetic',
-                  ['synthetic', 'sample', 'dataset_dir'],
+DATA_SOURCES = ('synthetic', 'sample', 'dataset_dir')
+
+flags.DEFINE_enum('bench_data', 'synthetic', list(DATA_SOURCES),
                   'Data fed to the pipeline: synthetic VOC-sized images, the '
                   'bundled sample dataset, or --dataset_dir.')
 flags.DEFINE_integer('bench_synthetic_images', 64,
@@ -68,7 +77,44 @@ flags.DEFINE_boolean('bench_child', False,
                      'Internal: run one setting and print its result for '
                      'the parent process.')
 
-_RESULT_PREFIX = 'BENCH_RESULT '
+# Set per variant for a child process, or meaningless there.
+_NOT_PASSED_TO_CHILDREN = ('bench_variants', 'mixed_precision', 'use_xla',
+                           'bench_json', 'bench_child')
+# BenchOptions fields set by the flag 'bench_' + field.
+_BENCH_FIELDS = ('warmup_steps', 'steps', 'trace_steps', 'input_batches',
+                 'matmul_size')
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchCommandJob:
+  """What deeplab-bench measures, on which data, and how it reports.
+
+  Attributes:
+    model_options / train_options / preprocess_options: the training setup
+      measured (the training flags).
+    bench_options: how long each measurement runs.
+    data: 'synthetic', 'sample' or 'dataset_dir' (see DATA_SOURCES).
+    synthetic_images: images written for synthetic data.
+    dataset_dir / dataset_info / split: the dataset_dir data source.
+    variants: settings compared, each in a child process; empty: measure
+      the flags' own setting here.
+    child_flags: the command line a child process repeats.
+    bench_json: also write the result lines to this file.
+    child: this process is a child measuring one variant.
+  """
+  model_options: config.ModelOptions
+  train_options: config.TrainOptions
+  preprocess_options: config.PreprocessOptions
+  bench_options: bench.BenchOptions
+  data: str = 'synthetic'
+  synthetic_images: int = 64
+  dataset_dir: Optional[str] = None
+  dataset_info: Optional[datasets.DatasetInfo] = None
+  split: str = 'train'
+  variants: Tuple[str, ...] = ()
+  child_flags: Tuple[str, ...] = ()
+  bench_json: Optional[str] = None
+  child: bool = False
 
 
 def parse_variant(text):
@@ -83,125 +129,146 @@ def parse_variant(text):
   mode = modes[0] if len(modes) == 1 else ('none' if not modes else None)
   if mode == 'fp32':
     mode = 'none'
-  if mode not in session_lib.MIXED_PRECISION_MODES or parts.count('xla') > 1:
+  if mode not in config.MIXED_PRECISION_MODES or parts.count('xla') > 1:
     raise config.ConfigError(
         '--bench_variants: bad setting %r; use none, bf16 or fp16, '
         'optionally with +xla (e.g. bf16+xla)' % text)
   return mode, xla
 
 
-def _data_source(tmp_dir):
-  """(dataset_dir, DatasetInfo, split, label) for --bench_data."""
+def _num_classes_and_info():
+  """(class count, DatasetInfo or None) of the --bench_data source."""
   if FLAGS.bench_data == 'synthetic':
-    info = bench.write_synthetic_dataset(
-        tmp_dir, num_images=FLAGS.bench_synthetic_images)
-    return tmp_dir, info, 'train', 'synthetic'
+    return bench.SYNTHETIC_CLASSES, None
   if FLAGS.bench_data == 'sample':
-    info = bench.convert_sample_dataset(tmp_dir)
-    return tmp_dir, info, 'train', 'sample'
+    return bench.SAMPLE_CLASSES, None
   if not FLAGS.dataset_dir:
     raise config.ConfigError('--bench_data=dataset_dir needs --dataset_dir')
   info = datasets.load_dataset_info(FLAGS.dataset, FLAGS.dataset_dir)
-  return FLAGS.dataset_dir, info, FLAGS.train_split, FLAGS.dataset_dir
+  return info.num_classes, info
 
 
-def build_job(tmp_dir):
-  """A BenchJob from the flags (data written into `tmp_dir` if needed).
-
-  Raises:
-    config.ConfigError: bad flags.
-  """
-  crop = common_flags.parse_int_list(FLAGS.train_crop_size, 'train_crop_size')
-  if len(crop) != 2 or min(crop) < 1:
-    raise config.ConfigError('--train_crop_size must be HEIGHT,WIDTH, got %s'
-                             % ','.join(FLAGS.train_crop_size))
-  dataset_dir, info, split, label = _data_source(tmp_dir)
-  model_options = common_flags.model_options(info.num_classes, crop)
-  train = train_cli.train_options().replace(tf_initial_checkpoint=None)
-  for warning in config.check_training_setup(model_options, train):
-    logging.warning('%s', warning)
-  preprocess = config.PreprocessOptions(
-      crop_size=crop, min_scale_factor=FLAGS.min_scale_factor,
-      max_scale_factor=FLAGS.max_scale_factor,
-      scale_factor_step_size=FLAGS.scale_factor_step_size,
-      **common_flags.resize_values(None)).validate()
-
-  def build_graph(input_fn):
-    return graph_lib.build_training_graph(
-        model_options, train, ignore_label=info.ignore_label,
-        input_fn=input_fn)
-
-  session_config = session_lib.from_train_options(train)
-  return bench.BenchJob(
-      model_options=model_options, train_options=train,
-      preprocess_options=preprocess, dataset_dir=dataset_dir,
-      dataset_info=info, split=split, data=label,
-      mixed_precision=train.mixed_precision, use_xla=train.use_xla,
-      session_config=session_config,
-      peak_session_config=session_lib.make_session_config(
-          intra_op_threads=train.intra_op_parallelism_threads,
-          inter_op_threads=train.inter_op_parallelism_threads),
-      build_graph=build_graph,
-      mean_pixel=registry.get(model_options.model_variant).mean_pixel)
-
-
-def bench_options():
-  """BenchOptions from the --bench_* flags."""
-  return bench.BenchOptions(
-      warmup_steps=FLAGS.bench_warmup_steps, steps=FLAGS.bench_steps,
-      trace_steps=FLAGS.bench_trace_steps,
-      input_batches=FLAGS.bench_input_batches,
-      matmul_size=FLAGS.bench_matmul_size).validate()
-
-
-def run_one():
-  """Benchmarks the current flags in this process; returns the result."""
-  options = bench_options()
-  with tempfile.TemporaryDirectory(prefix='deeplab-bench-') as tmp:
-    job = build_job(tmp)
-    return bench.run_benchmark(job, options)
-
-
-_NOT_PASSED_TO_CHILDREN = ('bench_variants', 'mixed_precision', 'use_xla',
-                           'bench_json', 'bench_child')
-
-
-def _child_argv(variant):
-  """The command line of the child process measuring `variant`."""
-  mode, xla = parse_variant(variant)
-  argv = [sys.executable, '-m', 'deeplab_train.cli.bench']
-  seen = set()
+def _child_flags():
+  """The non-default flags a child process repeats (one per argument)."""
+  out, seen = [], set()
   for name in sorted(FLAGS):
     flag = FLAGS[name]  # short names alias the same flag object
     if (flag.name in seen or flag.name in _NOT_PASSED_TO_CHILDREN or
         flag.using_default_value):
       continue
     seen.add(flag.name)
-    argv.extend(flag.serialize().splitlines())  # multi flags: one per line
-  return argv + ['--mixed_precision=%s' % mode,
-                 '--use_xla' if xla else '--nouse_xla', '--bench_child']
+    out.extend(flag.serialize().splitlines())  # multi flags: one per line
+  return tuple(out)
 
 
-def run_variants(variants):
-  """Runs each variant in a child process; returns their results.
+def options_from_flags():
+  """The flags -> a BenchCommandJob.
+
+  Raises:
+    config.ConfigError: bad flags.
+  """
+  bench_options = bench.BenchOptions(**{
+      name: FLAGS['bench_' + name].value for name in _BENCH_FIELDS
+  }).validate()
+  crop = train_flags.train_crop()
+  num_classes, info = _num_classes_and_info()
+  model_options = common_flags.model_options(num_classes, crop)
+  train = train_flags.train_options().replace(tf_initial_checkpoint=None)
+  for warning in config.check_training_setup(model_options, train):
+    logging.warning('%s', app.user_message(warning, FLAG_NAMES))
+  variants = tuple(FLAGS.bench_variants or ())
+  for variant in variants:
+    parse_variant(variant)  # fail before starting any child
+  return BenchCommandJob(
+      model_options=model_options, train_options=train,
+      preprocess_options=train_flags.preprocess_options(crop),
+      bench_options=bench_options, data=FLAGS.bench_data,
+      synthetic_images=FLAGS.bench_synthetic_images,
+      dataset_dir=FLAGS.dataset_dir, dataset_info=info,
+      split=FLAGS.train_split, variants=variants,
+      child_flags=_child_flags(), bench_json=FLAGS.bench_json,
+      child=FLAGS.bench_child)
+
+
+def _data_source(job, tmp_dir):
+  """(dataset_dir, DatasetInfo, split, label) of the job's data, written
+  into `tmp_dir` unless it is an existing dataset."""
+  if job.data == 'synthetic':
+    info = bench.write_synthetic_dataset(tmp_dir,
+                                         num_images=job.synthetic_images)
+    return tmp_dir, info, 'train', 'synthetic'
+  if job.data == 'sample':
+    return tmp_dir, bench.convert_sample_dataset(tmp_dir), 'train', 'sample'
+  return job.dataset_dir, job.dataset_info, job.split, job.dataset_dir
+
+
+def _library_job(job, tmp_dir):
+  """The library's BenchJob for `job` (data written into `tmp_dir`)."""
+  dataset_dir, info, split, label = _data_source(job, tmp_dir)
+  train = job.train_options
+
+  def build_graph(input_fn):
+    return graph_lib.build_training_graph(
+        job.model_options, train, ignore_label=info.ignore_label,
+        input_fn=input_fn)
+
+  return bench.BenchJob(
+      model_options=job.model_options, train_options=train,
+      preprocess_options=job.preprocess_options, dataset_dir=dataset_dir,
+      dataset_info=info, split=split, data=label,
+      mixed_precision=train.mixed_precision, use_xla=train.use_xla,
+      session_config=session_lib.from_train_options(train),
+      peak_session_config=session_lib.make_session_config(
+          intra_op_threads=train.intra_op_parallelism_threads,
+          inter_op_threads=train.inter_op_parallelism_threads),
+      build_graph=build_graph,
+      mean_pixel=registry.get(job.model_options.model_variant).mean_pixel)
+
+
+def run_one(job):
+  """Benchmarks the job's own setting in this process; returns the result."""
+  with tempfile.TemporaryDirectory(prefix='deeplab-bench-') as tmp:
+    return bench.rounded(bench.run_benchmark(_library_job(job, tmp),
+                                             job.bench_options))
+
+
+def _child_argv(job, variant):
+  """The command line of the child process measuring `variant`."""
+  mode, xla = parse_variant(variant)
+  return ([sys.executable, '-m', 'deeplab_train.cli.bench'] +
+          list(job.child_flags) +
+          ['--mixed_precision=%s' % mode, '--use_xla' if xla else '--nouse_xla',
+           '--bench_child'])
+
+
+def _child_result(stdout):
+  """The result a child printed on its JSON result line, or None."""
+  for line in reversed(stdout.splitlines()):
+    if line.startswith('{'):
+      payload = json.loads(line)
+      if payload.get('event') == 'result' and payload.get('results'):
+        return payload['results'][0]
+  return None
+
+
+def run_variants(job):
+  """Runs each of the job's variants in a child process; returns their
+  results.
 
   Raises:
     RuntimeError: a child failed (its stderr tail is in the message).
   """
   results = []
-  for variant in variants:
-    parse_variant(variant)  # fail before starting any child
-  for variant in variants:
+  for variant in job.variants:
     logging.info('benchmarking %s', variant)
-    proc = subprocess.run(_child_argv(variant), capture_output=True,
+    proc = subprocess.run(_child_argv(job, variant), capture_output=True,
                           text=True, check=False)
-    lines = [l for l in proc.stdout.splitlines()
-             if l.startswith(_RESULT_PREFIX)]
-    if proc.returncode or not lines:
+    result = _child_result(proc.stdout)
+    if proc.returncode or result is None:
       tail = '\n'.join(proc.stderr.strip().splitlines()[-15:])
       raise RuntimeError('benchmark of %s failed (exit %d):\n%s'
                          % (variant, proc.returncode, tail))
-    results.append(json.loads(lines[-1][len(_RESULT_PREFIX):]))
+    results.append(result)
   return results
 
 
@@ -211,28 +278,22 @@ def _write_json(results, path):
   atomic.write_bytes(path, text.encode('utf-8'))
 
 
+def run_job(job):
+  """Measures, prints the table and the result line, writes bench_json."""
+  if job.variants and not job.child:
+    results = run_variants(job)
+  else:
+    results = [run_one(job)]
+  if not job.child:
+    print(bench.format_table(results))
+    if job.bench_json:
+      _write_json(results, job.bench_json)
+  app.print_result('ok', results=results)
+
+
 def main(argv):
-  if len(argv) > 1:
-    sys.stderr.write('%s: unexpected arguments %s (flags are written '
-                     '--name=value)\n' % (COMMAND, ' '.join(argv[1:])))
-    return 2
-  try:
-    if FLAGS.bench_variants and not FLAGS.bench_child:
-      results = run_variants(FLAGS.bench_variants)
-    else:
-      results = [bench.rounded(run_one())]
-  except config.ConfigError as e:
-    sys.stderr.write('%s: %s\n' % (COMMAND, e))
-    return 2
-  if FLAGS.bench_child:
-    print(_RESULT_PREFIX + json.dumps(results[0], sort_keys=True), flush=True)
-    return 0
-  print(bench.format_table(results))
-  for result in results:
-    print(json.dumps(result, sort_keys=True), flush=True)
-  if FLAGS.bench_json:
-    _write_json(results, FLAGS.bench_json)
-  return 0
+  return app.run_body(COMMAND, argv, lambda: run_job(options_from_flags()),
+                      flag_names=FLAG_NAMES)
 
 
 def run():

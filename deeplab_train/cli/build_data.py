@@ -20,7 +20,9 @@ labels are converted through --colormap (or refused with
 Exit status: 0 done, 2 bad input (one-line message on stderr), 1 anything
 else; the last line on stdout is a JSON result line.
 """
+import dataclasses
 import logging
+from typing import Optional
 
 from absl import flags
 
@@ -82,37 +84,67 @@ flags.DEFINE_integer('num_workers', None,
                      'per core, at most --num_shards).')
 
 
+# Conversion errors name BuildOptions fields and the arguments of
+# build_voc / build_generic / convert; each is set by the flag of the same
+# name, except:
+FLAG_NAMES = {'build_voc.label_folder': 'semantic_segmentation_folder'}
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildJob:
+  """What to convert: the folders, their layout, and the dataset options.
+
+  `masks_folder` set selects the generic layout (images matched to masks by
+  file stem); otherwise the VOC layout reads the id lists of `list_folder`.
+  """
+  options: build.BuildOptions
+  image_folder: str
+  output_dir: str
+  label_format: str = 'png'
+  split_name: Optional[str] = None
+  masks_folder: Optional[str] = None
+  semantic_segmentation_folder: Optional[str] = None
+  list_folder: Optional[str] = None
+  image_format: str = 'jpg'
+
+
 def options_from_flags():
-  return build.BuildOptions(
+  """The flags -> a BuildJob (its BuildOptions validated)."""
+  options = build.BuildOptions(
       num_classes=FLAGS.num_classes, ignore_label=FLAGS.ignore_label,
       dataset_name=FLAGS.dataset_name,
       class_names=tuple(FLAGS.class_names) if FLAGS.class_names else None,
       colormap=FLAGS.colormap, convert_rgb_labels=FLAGS.convert_rgb_labels,
-      num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers)
+      num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers).validate()
+  return BuildJob(
+      options=options, image_folder=FLAGS.image_folder,
+      output_dir=FLAGS.output_dir, label_format=FLAGS.label_format,
+      split_name=FLAGS.split_name, masks_folder=FLAGS.masks_folder,
+      semantic_segmentation_folder=FLAGS.semantic_segmentation_folder,
+      list_folder=FLAGS.list_folder, image_format=FLAGS.image_format)
 
 
-def convert_from_flags():
-  """Runs the conversion the flags describe; returns the DatasetInfo."""
-  options = options_from_flags().validate()
-  if FLAGS.masks_folder:
-    return build.build_generic(FLAGS.image_folder, FLAGS.masks_folder,
-                               FLAGS.split_name, FLAGS.output_dir, options,
-                               label_format=FLAGS.label_format)
-  return build.build_voc(FLAGS.image_folder,
-                         FLAGS.semantic_segmentation_folder,
-                         FLAGS.list_folder, FLAGS.output_dir, options,
-                         split_name=FLAGS.split_name,
-                         image_format=FLAGS.image_format,
-                         label_format=FLAGS.label_format)
+def convert(job):
+  """Runs the conversion the job describes; returns the DatasetInfo."""
+  if job.masks_folder:
+    return build.build_generic(job.image_folder, job.masks_folder,
+                               job.split_name, job.output_dir, job.options,
+                               label_format=job.label_format)
+  return build.build_voc(job.image_folder, job.semantic_segmentation_folder,
+                         job.list_folder, job.output_dir, job.options,
+                         split_name=job.split_name,
+                         image_format=job.image_format,
+                         label_format=job.label_format)
 
 
 def _build():
-  info = convert_from_flags()
+  job = options_from_flags()
+  info = convert(job)
   print('wrote %s: dataset %r, %d classes, ignore %d, splits %s'
-        % (FLAGS.output_dir, info.name, info.num_classes, info.ignore_label,
+        % (job.output_dir, info.name, info.num_classes, info.ignore_label,
            ', '.join('%s=%d' % kv for kv in sorted(
                info.splits_to_sizes.items()))))
-  app.print_result('ok', output_dir=FLAGS.output_dir, dataset=info.name,
+  app.print_result('ok', output_dir=job.output_dir, dataset=info.name,
                    num_classes=info.num_classes,
                    ignore_label=info.ignore_label,
                    splits=dict(info.splits_to_sizes))
@@ -121,7 +153,8 @@ def _build():
 def main(argv):
   logging.getLogger('deeplab_train').setLevel(logging.INFO)
   # Bad input or an unwritable --output_dir: one line, no traceback.
-  return app.run_body(COMMAND, argv, _build, bad_input=(ConfigError, OSError))
+  return app.run_body(COMMAND, argv, _build, bad_input=(ConfigError, OSError),
+                      flag_names=FLAG_NAMES)
 
 
 def run():

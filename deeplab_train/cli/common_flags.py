@@ -105,8 +105,25 @@ def parse_int_list(value, flag_name):
                              % (flag_name, ','.join(map(str, value)))) from None
 
 
-def _flag_model_values():
+def require(value, flag_name, why=''):
+  """Raises ConfigError('--flag_name is required' + why) when not value."""
+  if not value:
+    raise config.ConfigError('--%s is required%s' % (flag_name, why))
+
+
+def dataset_name(saved_dataset):
+  """--dataset, or the trained-on dataset when the flag is not given."""
+  if (saved_dataset and not explicitly_set('dataset') and
+      saved_dataset.get('name')):
+    return saved_dataset['name']
+  return FLAGS.dataset
+
+
+def _flag_model_values(defaults=None):
   values = {name: FLAGS[name].value for name in _MODEL_FLAGS}
+  for name, value in (defaults or {}).items():
+    if not explicitly_set(name):
+      values[name] = value
   for name in ('decoder_output_stride', 'image_pooling_crop_size',
                'image_pooling_stride'):
     values[name] = parse_int_list(values[name], name)
@@ -118,7 +135,7 @@ def explicitly_set(name):
   return FLAGS[name].present > 0
 
 
-def model_options(num_classes, crop_size, saved=None):
+def model_options(num_classes, crop_size, saved=None, defaults=None):
   """ModelOptions from the model flags, reconciled with saved options.
 
   Args:
@@ -126,6 +143,8 @@ def model_options(num_classes, crop_size, saved=None):
     crop_size: (height, width) the graph is built for, or None.
     saved: ModelOptions read from a train logdir, or None (e.g. a model-zoo
       checkpoint: the flags then describe the network).
+    defaults: {flag name: value} replacing flag defaults (a command whose
+      original had other defaults); an explicit flag still wins.
 
   Returns:
     A validated ModelOptions.
@@ -133,7 +152,7 @@ def model_options(num_classes, crop_size, saved=None):
   Raises:
     config.ConfigError: an explicit model flag contradicts the saved options.
   """
-  values = _flag_model_values()
+  values = _flag_model_values(defaults)
   if saved is not None:
     conflicts = []
     for name, value in values.items():

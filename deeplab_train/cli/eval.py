@@ -14,6 +14,7 @@ Prints a per-class table and, last, one JSON line; writes the same JSON to
 --eval_result_json (default EVAL_LOGDIR/eval_result.json) and TensorBoard
 summaries to EVAL_LOGDIR. Exit codes: 0 ok, 2 bad input, 1 unexpected error.
 """
+import dataclasses
 import logging
 import os
 
@@ -30,6 +31,13 @@ from deeplab_train.model import registry
 
 FLAGS = flags.FLAGS
 COMMAND = 'deeplab-eval'
+# Option fields whose flag is not named after the field.
+FLAG_NAMES = {'InferenceOptions.crop_size': 'eval_crop_size',
+              'InferenceOptions.scales': 'eval_scales',
+              'EvalOptions.split': 'eval_split',
+              'EvalOptions.batch_size': 'eval_batch_size',
+              'EvalOptions.timeout_secs': 'eval_timeout_secs',
+              'EvalOptions.result_json': 'eval_result_json'}
 
 flags.DEFINE_string('eval_logdir', None,
                     'Where to write the event logs and eval_result.json '
@@ -54,6 +62,19 @@ flags.DEFINE_string('eval_result_json', None,
                     'EVAL_LOGDIR/eval_result.json).')
 
 
+@dataclasses.dataclass(frozen=True)
+class EvalJob:
+  """What deeplab-eval scores, how, and where the results go."""
+  checkpoint_dir: str
+  eval_logdir: str
+  dataset_dir: str
+  dataset_info: datasets.DatasetInfo
+  model_options: config.ModelOptions
+  preprocess_options: config.PreprocessOptions
+  inference: config.InferenceOptions
+  eval_options: config.EvalOptions
+
+
 def _follow_mode():
   if common_flags.explicitly_set('eval_interval_secs'):
     return True
@@ -65,54 +86,39 @@ def _checkpoint_folder(path):
   return path if os.path.isdir(path) else os.path.dirname(path)
 
 
-def _dataset_name(saved_dataset):
-  """--dataset, or the trained-on dataset when the flag is not given."""
-  if (saved_dataset and not common_flags.explicitly_set('dataset') and
-      saved_dataset.get('name')):
-    return saved_dataset['name']
-  return FLAGS.dataset
-
-
-def build_options():
-  """Flags (+ saved run config) -> the library's option objects.
-
-  Returns:
-    dict with model_options, inference, eval_options, dataset_info,
-    preprocess_options, checkpoint_dir, eval_logdir.
+def options_from_flags():
+  """Flags (+ saved run config) -> an EvalJob.
 
   Raises:
     config.ConfigError: missing or contradicting flags.
   """
-  if not FLAGS.checkpoint_dir:
-    raise config.ConfigError('--checkpoint_dir is required (the train_logdir '
-                             'or a checkpoint prefix)')
-  if not FLAGS.dataset_dir:
-    raise config.ConfigError('--dataset_dir is required (the TFRecords '
-                             'folder)')
+  common_flags.require(FLAGS.checkpoint_dir, 'checkpoint_dir',
+                       ' (the train_logdir or a checkpoint prefix)')
+  common_flags.require(FLAGS.dataset_dir, 'dataset_dir',
+                       ' (the TFRecords folder)')
   checkpoint_dir = FLAGS.checkpoint_dir.rstrip('/') or '/'
   folder = _checkpoint_folder(checkpoint_dir)
   saved_model, saved_pre, saved_dataset = inference_flags.saved_run_config(
       folder if os.path.isdir(folder) else None)
-  info = datasets.load_dataset_info(_dataset_name(saved_dataset),
+  info = datasets.load_dataset_info(common_flags.dataset_name(saved_dataset),
                                     FLAGS.dataset_dir)
   model_options = common_flags.model_options(info.num_classes, None,
                                              saved=saved_model)
-  inference = config.InferenceOptions(
-      crop_size=inference_flags.parse_crop(FLAGS.eval_crop_size,
-                                           'eval_crop_size'),
-      scales=FLAGS.eval_scales, add_flipped_images=FLAGS.add_flipped_images,
-      image_pyramid=FLAGS.image_pyramid).validate()
+  inference = inference_flags.inference_options('eval_crop_size',
+                                                'eval_scales').validate()
   eval_options = config.EvalOptions(
       split=FLAGS.eval_split, batch_size=FLAGS.eval_batch_size,
       follow=_follow_mode(), eval_interval_secs=FLAGS.eval_interval_secs,
       max_number_of_evaluations=FLAGS.max_number_of_evaluations,
       timeout_secs=FLAGS.eval_timeout_secs,
       result_json=FLAGS.eval_result_json).validate()
-  return {'model_options': model_options, 'inference': inference,
-          'eval_options': eval_options, 'dataset_info': info,
-          'preprocess_options': inference_flags.preprocess_options(saved_pre),
-          'checkpoint_dir': checkpoint_dir,
-          'eval_logdir': FLAGS.eval_logdir or os.path.join(folder, 'eval')}
+  return EvalJob(
+      checkpoint_dir=checkpoint_dir,
+      eval_logdir=FLAGS.eval_logdir or os.path.join(folder, 'eval'),
+      dataset_dir=FLAGS.dataset_dir, dataset_info=info,
+      model_options=model_options,
+      preprocess_options=inference_flags.preprocess_options(saved_pre),
+      inference=inference, eval_options=eval_options)
 
 
 def print_result(result, scores):
@@ -123,25 +129,25 @@ def print_result(result, scores):
   app.print_result('ok', **result)
 
 
-def run_eval(opts):
-  """Evaluates as the options say; returns the list of results."""
-  mean_pixel = registry.mean_pixel(opts['model_options'].model_variant)
+def run_eval(job):
+  """Evaluates as the job says; returns the list of results."""
+  mean_pixel = registry.mean_pixel(job.model_options.model_variant)
 
   def make_samples():
     return eval_loop.iterate_split(
-        FLAGS.dataset_dir, opts['eval_options'].split, opts['dataset_info'],
-        opts['preprocess_options'], mean_pixel)
+        job.dataset_dir, job.eval_options.split, job.dataset_info,
+        job.preprocess_options, mean_pixel)
 
   return eval_loop.evaluate(
-      opts['checkpoint_dir'], opts['eval_logdir'], opts['model_options'],
-      opts['inference'], opts['eval_options'], opts['dataset_info'],
-      make_samples, on_result=print_result)
+      job.checkpoint_dir, job.eval_logdir, job.model_options, job.inference,
+      job.eval_options, job.dataset_info, make_samples,
+      on_result=print_result)
 
 
 def main(argv):
   logging.getLogger().setLevel(logging.INFO)
-  return app.run_body(COMMAND, argv,
-                                  lambda: run_eval(build_options()))
+  return app.run_body(COMMAND, argv, lambda: run_eval(options_from_flags()),
+                      flag_names=FLAG_NAMES)
 
 
 def run():

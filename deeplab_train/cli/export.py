@@ -14,8 +14,10 @@ network, with the original export's defaults (--num_classes=21,
 --output_stride=8). Prints one JSON line; exit codes: 0 ok, 2 bad input,
 1 unexpected error.
 """
+import dataclasses
 import logging
 import os
+from typing import Optional
 
 from absl import flags
 
@@ -29,10 +31,13 @@ from deeplab_train.export import savedmodel
 
 FLAGS = flags.FLAGS
 COMMAND = 'deeplab-export'
+# Option fields whose flag is not named after the field.
+FLAG_NAMES = {'InferenceOptions.scales': 'inference_scales',
+              'ExportOptions.with_probabilities': 'export_probabilities'}
 
-# The original export_model.py's default, used when no saved config says
+# The original export_model.py's defaults, used when no saved config says
 # otherwise.
-EXPORT_DEFAULT_OUTPUT_STRIDE = 8
+EXPORT_MODEL_DEFAULTS = {'output_stride': 8}
 
 flags.DEFINE_string('checkpoint_path', None,
                     'Checkpoint prefix, or a directory (its latest '
@@ -60,6 +65,17 @@ flags.DEFINE_bool('export_probabilities', True,
                   '"probabilities" output).')
 
 
+@dataclasses.dataclass(frozen=True)
+class ExportJob:
+  """Which checkpoint to export, as what, and where."""
+  checkpoint: str
+  model_options: config.ModelOptions
+  export_options: config.ExportOptions
+  export_path: Optional[str] = None
+  saved_model_dir: Optional[str] = None
+  save_inference_graph: bool = False
+
+
 def _num_classes(saved_model):
   if saved_model is not None and not common_flags.explicitly_set(
       'num_classes'):
@@ -67,61 +83,59 @@ def _num_classes(saved_model):
   return FLAGS.num_classes
 
 
-def build_options():
-  """Flags (+ saved run config) -> (checkpoint, ModelOptions, ExportOptions).
+def options_from_flags():
+  """Flags (+ saved run config) -> an ExportJob.
 
   Raises:
     config.ConfigError: missing or contradicting flags, no checkpoint.
   """
-  if not FLAGS.checkpoint_path:
-    raise config.ConfigError('--checkpoint_path is required')
+  common_flags.require(FLAGS.checkpoint_path, 'checkpoint_path')
   if not (FLAGS.export_path or FLAGS.saved_model_dir):
     raise config.ConfigError('--export_path (frozen .pb) and/or '
                              '--saved_model_dir is required')
   checkpoint = predictor_lib.resolve_checkpoint(FLAGS.checkpoint_path)
   saved_model, saved_pre, _ = inference_flags.saved_run_config(
       os.path.dirname(checkpoint))
-  if saved_model is None and not common_flags.explicitly_set('output_stride'):
-    FLAGS.output_stride = EXPORT_DEFAULT_OUTPUT_STRIDE
-  model_options = common_flags.model_options(_num_classes(saved_model), None,
-                                             saved=saved_model)
+  model_options = common_flags.model_options(
+      _num_classes(saved_model), None, saved=saved_model,
+      defaults=EXPORT_MODEL_DEFAULTS if saved_model is None else None)
   export_options = config.ExportOptions(
-      inference=config.InferenceOptions(
-          crop_size=inference_flags.parse_crop(FLAGS.crop_size, 'crop_size'),
-          scales=FLAGS.inference_scales,
-          add_flipped_images=FLAGS.add_flipped_images,
-          image_pyramid=FLAGS.image_pyramid),
+      inference=inference_flags.inference_options('crop_size',
+                                                  'inference_scales'),
       with_probabilities=FLAGS.export_probabilities,
       **common_flags.resize_values(saved_pre)).validate()
-  return checkpoint, model_options, export_options
+  return ExportJob(checkpoint=checkpoint, model_options=model_options,
+                   export_options=export_options,
+                   export_path=FLAGS.export_path,
+                   saved_model_dir=FLAGS.saved_model_dir,
+                   save_inference_graph=FLAGS.save_inference_graph)
 
 
-def run_export(checkpoint, model_options, export_options):
+def run_export(job):
   """Writes the requested exports; returns what was written (a dict)."""
-  frozen, graph_def, _ = freeze.freeze(checkpoint, model_options,
-                                       export_options)
-  out = {'checkpoint': checkpoint, 'export_path': None,
+  frozen, graph_def, _ = freeze.freeze(job.checkpoint, job.model_options,
+                                       job.export_options)
+  out = {'checkpoint': job.checkpoint, 'export_path': None,
          'saved_model_dir': None}
-  if FLAGS.export_path:
-    freeze.write_frozen_graph(frozen, FLAGS.export_path)
-    out['export_path'] = FLAGS.export_path
-    if FLAGS.save_inference_graph:
+  if job.export_path:
+    freeze.write_frozen_graph(frozen, job.export_path)
+    out['export_path'] = job.export_path
+    if job.save_inference_graph:
       out['inference_graph'] = freeze.write_inference_graph(
-          graph_def, FLAGS.export_path)
-  if FLAGS.saved_model_dir:
-    savedmodel.write_saved_model(frozen, FLAGS.saved_model_dir)
-    out['saved_model_dir'] = FLAGS.saved_model_dir
+          graph_def, job.export_path)
+  if job.saved_model_dir:
+    savedmodel.write_saved_model(frozen, job.saved_model_dir)
+    out['saved_model_dir'] = job.saved_model_dir
   return out
 
 
 def _export():
-  out = run_export(*build_options())
-  app.print_result('ok', **out)
+  app.print_result('ok', **run_export(options_from_flags()))
 
 
 def main(argv):
   logging.getLogger().setLevel(logging.INFO)
-  return app.run_body(COMMAND, argv, _export)
+  return app.run_body(COMMAND, argv, _export, flag_names=FLAG_NAMES)
 
 
 def run():

@@ -1,4 +1,5 @@
 """Flags shared by deeplab-eval, deeplab-vis and deeplab-export.
+
 The original scripts each defined these (same names and meanings); here they
 are defined once so the three command modules can be imported together, plus
 the helpers that turn them into the library's option dataclasses.
@@ -27,7 +28,6 @@ flags.DEFINE_integer('eval_interval_secs', 60 * 5,
                      'follow mode on.')
 
 
-
 def parse_crop(value, flag_name):
   """'65,65' / ['65', '65'] / ['65,65'] -> (65, 65); None stays None."""
   if value is None:
@@ -41,6 +41,16 @@ def parse_crop(value, flag_name):
     raise config.ConfigError('--%s must be HEIGHT,WIDTH (two positive '
                              'integers), got %s' % (flag_name, value))
   return crop
+
+
+def inference_options(crop_flag, scales_flag):
+  """InferenceOptions from the command's crop and scales flags and the
+  shared --add_flipped_images and --image_pyramid (not yet validated)."""
+  return config.InferenceOptions(
+      crop_size=parse_crop(FLAGS[crop_flag].value, crop_flag),
+      scales=FLAGS[scales_flag].value,
+      add_flipped_images=FLAGS.add_flipped_images,
+      image_pyramid=FLAGS.image_pyramid)
 
 
 def saved_run_config(folder):

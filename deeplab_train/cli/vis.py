@@ -10,8 +10,10 @@ the model options saved beside it. PNGs are named after the images and have
 the input image's size (see deeplab_train/evaluation/vis.py for the layout).
 Prints one JSON line; exit codes: 0 ok, 2 bad input, 1 unexpected error.
 """
+import dataclasses
 import logging
 import os
+from typing import Optional
 
 from absl import flags
 
@@ -28,6 +30,10 @@ from deeplab_train.model import registry
 
 FLAGS = flags.FLAGS
 COMMAND = 'deeplab-vis'
+# Option fields whose flag is not named after the field.
+FLAG_NAMES = {'InferenceOptions.crop_size': 'vis_crop_size',
+              'InferenceOptions.scales': 'eval_scales',
+              'VisOptions.colormap': 'colormap_type'}
 
 flags.DEFINE_string('vis_logdir', None, 'Where to write the PNGs.')
 flags.DEFINE_string('vis_split', 'val',
@@ -55,11 +61,29 @@ flags.DEFINE_integer('max_number_of_iterations', 1,
                      'deeplab-vis always visualises one checkpoint once.')
 
 
+@dataclasses.dataclass(frozen=True)
+class VisJob:
+  """What deeplab-vis draws, from which images, into which folder.
+
+  The images are those of `image_dir` when set, else the split `split` of
+  `dataset_dir`.
+  """
+  checkpoint: str
+  vis_logdir: str
+  batch_size: int
+  dataset_info: datasets.DatasetInfo
+  model_options: config.ModelOptions
+  preprocess_options: config.PreprocessOptions
+  inference: config.InferenceOptions
+  vis_options: config.VisOptions
+  image_dir: Optional[str] = None
+  dataset_dir: Optional[str] = None
+  split: str = 'val'
+
+
 def _dataset_info(saved_dataset, config_folder):
   """The dataset of the split, or (--image_dir) of the trained model."""
-  name = FLAGS.dataset
-  if saved_dataset and not common_flags.explicitly_set('dataset'):
-    name = saved_dataset.get('name') or name
+  name = common_flags.dataset_name(saved_dataset)
   if FLAGS.dataset_dir:
     return datasets.load_dataset_info(name, FLAGS.dataset_dir)
   if not FLAGS.image_dir:
@@ -78,17 +102,17 @@ def _dataset_info(saved_dataset, config_folder):
       % (name, config.RUN_CONFIG_FILENAME))
 
 
-def build_options():
-  """Flags (+ saved run config) -> dict of the library's options.
+def options_from_flags():
+  """Flags (+ saved run config) -> a VisJob.
 
   Raises:
     config.ConfigError: missing or contradicting flags.
   """
-  if not FLAGS.checkpoint_dir:
-    raise config.ConfigError('--checkpoint_dir is required (the train_logdir '
-                             'or a checkpoint prefix)')
-  if not FLAGS.vis_logdir:
-    raise config.ConfigError('--vis_logdir is required')
+  if FLAGS.vis_batch_size < 1:
+    raise config.ConfigError('--vis_batch_size must be >= 1')
+  common_flags.require(FLAGS.checkpoint_dir, 'checkpoint_dir',
+                       ' (the train_logdir or a checkpoint prefix)')
+  common_flags.require(FLAGS.vis_logdir, 'vis_logdir')
   if FLAGS.max_number_of_iterations != 1:
     logging.warning('--max_number_of_iterations=%d ignored: deeplab-vis '
                     'visualises the latest checkpoint once',
@@ -98,61 +122,59 @@ def build_options():
   saved_model, saved_pre, saved_dataset = inference_flags.saved_run_config(
       folder)
   info = _dataset_info(saved_dataset, folder)
-  return {
-      'checkpoint': checkpoint,
-      'dataset_info': info,
-      'model_options': common_flags.model_options(info.num_classes, None,
-                                                  saved=saved_model),
-      'preprocess_options': inference_flags.preprocess_options(saved_pre),
-      'inference': config.InferenceOptions(
-          crop_size=inference_flags.parse_crop(FLAGS.vis_crop_size,
-                                               'vis_crop_size'),
-          scales=FLAGS.eval_scales,
-          add_flipped_images=FLAGS.add_flipped_images,
-          image_pyramid=FLAGS.image_pyramid).validate('vis_crop_size'),
-      'vis_options': config.VisOptions(
+  return VisJob(
+      checkpoint=checkpoint, vis_logdir=FLAGS.vis_logdir,
+      batch_size=FLAGS.vis_batch_size, dataset_info=info,
+      model_options=common_flags.model_options(info.num_classes, None,
+                                               saved=saved_model),
+      preprocess_options=inference_flags.preprocess_options(saved_pre),
+      inference=inference_flags.inference_options(
+          'vis_crop_size', 'eval_scales').validate(),
+      vis_options=config.VisOptions(
           colormap=FLAGS.colormap_type,
           also_save_raw_predictions=FLAGS.also_save_raw_predictions,
           save_overlay=FLAGS.save_overlay,
           max_number_of_images=FLAGS.max_number_of_images,
           overlay_alpha=FLAGS.overlay_alpha).validate(),
-  }
+      image_dir=FLAGS.image_dir, dataset_dir=FLAGS.dataset_dir,
+      split=FLAGS.vis_split)
 
 
-def run_vis(opts):
+def _samples(job):
+  """The images to draw: the image folder's, or the split's."""
+  mean_pixel = registry.mean_pixel(job.model_options.model_variant)
+  if job.image_dir:
+    return vis.iterate_image_dir(job.image_dir, job.preprocess_options,
+                                 mean_pixel)
+  return eval_loop.iterate_split(
+      job.dataset_dir, job.split, job.dataset_info, job.preprocess_options,
+      mean_pixel, keep_original_image=True, with_label=False)
+
+
+def run_vis(job):
   """Writes the PNGs; returns the number of images."""
-  info = opts['dataset_info']
-  mean_pixel = registry.mean_pixel(opts['model_options'].model_variant)
-  if FLAGS.image_dir:
-    samples = vis.iterate_image_dir(FLAGS.image_dir,
-                                    opts['preprocess_options'], mean_pixel)
-  else:
-    samples = eval_loop.iterate_split(
-        FLAGS.dataset_dir, FLAGS.vis_split, info, opts['preprocess_options'],
-        mean_pixel, keep_original_image=True, with_label=False)
-  colormap = opts['vis_options'].colormap or info.colormap()
+  info = job.dataset_info
+  colormap = job.vis_options.colormap or info.colormap()
   eval_ids = (vis.CITYSCAPES_TRAIN_ID_TO_EVAL_ID
               if info.name == 'cityscapes' else None)
-  with predictor_lib.Predictor(opts['model_options'], opts['inference'],
-                               crop_flag='vis_crop_size') as predictor:
-    predictor.restore(opts['checkpoint'])
-    return vis.visualize(predictor, samples, FLAGS.vis_logdir, colormap,
-                         opts['vis_options'], batch_size=FLAGS.vis_batch_size,
+  samples = _samples(job)
+  with predictor_lib.Predictor(job.model_options, job.inference) as predictor:
+    predictor.restore(job.checkpoint)
+    return vis.visualize(predictor, samples, job.vis_logdir, colormap,
+                         job.vis_options, batch_size=job.batch_size,
                          train_id_to_eval_id=eval_ids)
 
 
 def _vis():
-  if FLAGS.vis_batch_size < 1:
-    raise config.ConfigError('--vis_batch_size must be >= 1')
-  opts = build_options()
-  count = run_vis(opts)
-  app.print_result('ok', checkpoint=opts['checkpoint'], num_images=count,
-                   vis_logdir=FLAGS.vis_logdir)
+  job = options_from_flags()
+  count = run_vis(job)
+  app.print_result('ok', checkpoint=job.checkpoint, num_images=count,
+                   vis_logdir=job.vis_logdir)
 
 
 def main(argv):
   logging.getLogger().setLevel(logging.INFO)
-  return app.run_body(COMMAND, argv, _vis)
+  return app.run_body(COMMAND, argv, _vis, flag_names=FLAG_NAMES)
 
 
 def run():

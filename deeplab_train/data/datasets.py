@@ -71,7 +71,7 @@ class DatasetInfo:
   """What the trainer and evaluator need to know about a dataset.
 
   Attributes:
-    name: dataset name (the --dataset flag).
+    name: dataset name (the `dataset` a command is given).
     num_classes: classes including background, i.e. label ids 0..n-1.
     ignore_label: label id excluded from loss and metrics.
     splits_to_sizes: {split name: number of images}.
@@ -216,7 +216,7 @@ def load_dataset_info(name, dataset_dir=None):
   what was actually converted and works for any dataset.
 
   Args:
-    name: the --dataset flag value.
+    name: the dataset's name (a command's `dataset` option).
     dataset_dir: the folder holding the TFRecords (may be None).
 
   Returns:
@@ -229,7 +229,7 @@ def load_dataset_info(name, dataset_dir=None):
     info = read_dataset_json(dataset_dir)
     if info is not None:
       if name and info.name != name:
-        _log.warning('--dataset=%s but %s describes dataset %r; using the '
+        _log.warning('dataset=%s but %s describes dataset %r; using the '
                      'file', name, os.path.join(dataset_dir, DATASET_JSON),
                      info.name)
       return info

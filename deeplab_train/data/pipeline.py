@@ -78,7 +78,8 @@ def split_files(dataset_dir, split):
       an incomplete shard set.
   """
   if not dataset_dir or not os.path.isdir(dataset_dir):
-    raise ConfigError('--dataset_dir=%s is not a folder' % dataset_dir)
+    raise ConfigError('{split_files.dataset_dir}=%s is not a folder',
+                      dataset_dir)
   files = tfrecord.list_split_files(dataset_dir, split)
   if not files:
     present = _splits_present(dataset_dir)
@@ -272,7 +273,8 @@ def make_dataset(dataset_dir, split, dataset_info, preprocess_options,
                       'the batch size must be 1 (got %d); set a crop size to '
                       'batch them' % batch_size)
   if is_training and crop_size is None:
-    raise ConfigError('training needs a crop size (--train_crop_size)')
+    raise ConfigError('training needs a crop size '
+                      '({PreprocessOptions.crop_size})')
   if with_label is None:
     with_label = split != 'test'
   if is_training and not with_label:

@@ -194,8 +194,9 @@ def _checkpoints(checkpoint_dir, eval_options, sleep, clock):
   if not os.path.isdir(checkpoint_dir):
     if tf.io.gfile.exists(checkpoint_dir + '.index'):
       raise config.ConfigError(
-          'follow mode (--eval_interval_secs) watches a directory; '
-          '--checkpoint_dir=%s is a single checkpoint' % checkpoint_dir)
+          'follow mode ({EvalOptions.eval_interval_secs}) watches a '
+          'directory; {evaluate.checkpoint_dir}=%s is a single checkpoint',
+          checkpoint_dir)
     _log.info('waiting for %s to appear', checkpoint_dir)
   return watch_checkpoints(checkpoint_dir, eval_options.eval_interval_secs,
                            eval_options.timeout_secs, sleep=sleep, clock=clock)

@@ -38,8 +38,7 @@ def fitting_size(height, width, output_stride):
   return fit(height), fit(width)
 
 
-def padded_size(sizes, crop_size, output_stride, names=None,
-                crop_flag='eval_crop_size'):
+def padded_size(sizes, crop_size, output_stride, names=None):
   """The size a group of images is padded to.
 
   Args:
@@ -47,7 +46,6 @@ def padded_size(sizes, crop_size, output_stride, names=None,
     crop_size: fixed (height, width), or None to fit the batch.
     output_stride: the network's output stride.
     names: image names, for the error message.
-    crop_flag: the flag to name in the error message.
 
   Returns:
     (height, width).
@@ -65,11 +63,12 @@ def padded_size(sizes, crop_size, output_stride, names=None,
       need = fitting_size(max(h, crop_size[0]), max(w, crop_size[1]),
                           output_stride)
       raise ImageTooLargeError(
-          'image %s is %dx%d (height x width), larger than --%s=%d,%d; pass '
-          '--%s=%d,%d (or larger), or leave --%s unset to pad each image '
-          'only as much as the output stride needs'
-          % (name, h, w, crop_flag, crop_size[0], crop_size[1], crop_flag,
-             need[0], need[1], crop_flag))
+          'image %s is %dx%d (height x width), larger than '
+          '{InferenceOptions.crop_size}=%d,%d; pass '
+          '{InferenceOptions.crop_size}=%d,%d (or larger), or leave '
+          '{InferenceOptions.crop_size} unset to pad each image only as much '
+          'as the output stride needs'
+          % (name, h, w, crop_size[0], crop_size[1], need[0], need[1]))
   return tuple(crop_size)
 
 
@@ -89,15 +88,16 @@ def resolve_checkpoint(path):
     NoCheckpointError: nothing to restore at `path`.
   """
   if not path:
-    raise NoCheckpointError('no checkpoint given: pass --checkpoint_dir (a '
+    raise NoCheckpointError('no checkpoint given: pass '
+                            '{resolve_checkpoint.checkpoint_dir} (a '
                             'train_logdir) or a checkpoint prefix')
   if os.path.isdir(path):
     latest = tf.train.latest_checkpoint(path)
     if latest is None:
       raise NoCheckpointError(
           'no checkpoint in %s (no "checkpoint" state file naming an existing '
-          'model.ckpt-N); train first, or point --checkpoint_dir at the '
-          'train_logdir' % path)
+          'model.ckpt-N); train first, or point '
+          '{resolve_checkpoint.checkpoint_dir} at the train_logdir' % path)
     return latest
   if tf.io.gfile.exists(path + '.index'):
     return path
@@ -141,9 +141,10 @@ def check_checkpoint_matches(checkpoint_path, variables):
     raise CheckpointMismatchError(
         'checkpoint %s does not match the network built from the model '
         'options (%s). Without a %s beside the checkpoint, pass the model '
-        'flags it was trained with (--model_variant, --output_stride, '
-        '--atrous_rates, --decoder_output_stride, --depth_multiplier, '
-        'number of classes ...)'
+        'flags it was trained with ({ModelOptions.model_variant}, '
+        '{ModelOptions.output_stride}, {ModelOptions.atrous_rates}, '
+        '{ModelOptions.decoder_output_stride}, '
+        '{ModelOptions.depth_multiplier}, number of classes ...)'
         % (checkpoint_path, '; '.join(details), config.RUN_CONFIG_FILENAME))
 
 
@@ -175,15 +176,12 @@ class Predictor:
     model_options: ModelOptions of the network (its crop_size is replaced by
       inference.crop_size).
     inference: InferenceOptions.
-    crop_flag: flag to name when an image does not fit the crop.
     session_config: optional tf.ConfigProto.
   """
 
-  def __init__(self, model_options, inference, crop_flag='eval_crop_size',
-               session_config=None):
+  def __init__(self, model_options, inference, session_config=None):
     self.options = model_options.replace(crop_size=inference.crop_size)
     self.inference = inference
-    self.crop_flag = crop_flag
     self.mean_pixel = registry.mean_pixel(self.options.model_variant)
     self.graph = tf.Graph()
     with self.graph.as_default():
@@ -226,8 +224,7 @@ class Predictor:
     groups = {}
     for i, (h, w) in enumerate(sizes):
       size = padded_size([(h, w)], self.inference.crop_size,
-                         self.options.output_stride, [names[i]],
-                         self.crop_flag)
+                         self.options.output_stride, [names[i]])
       groups.setdefault(size, []).append(i)
     out = [None] * len(images)
     for size, members in groups.items():

@@ -134,13 +134,14 @@ def iterate_image_dir(image_dir, preprocess_options, mean_pixel):
   """
   del mean_pixel
   if not image_dir or not os.path.isdir(image_dir):
-    raise config.ConfigError('--image_dir=%s is not a folder' % image_dir)
+    raise config.ConfigError('{iterate_image_dir.image_dir}=%s is not a '
+                             'folder', image_dir)
   files = sorted(f for f in os.listdir(image_dir)
                  if f.lower().endswith(IMAGE_EXTENSIONS) and
                  not f.startswith('.'))
   if not files:
-    raise config.ConfigError('no .jpg/.jpeg/.png files in --image_dir=%s'
-                             % image_dir)
+    raise config.ConfigError('no .jpg/.jpeg/.png files in '
+                             '{iterate_image_dir.image_dir}=%s', image_dir)
   with _Resizer(preprocess_options) as resize:
     for name in files:
       path = os.path.join(image_dir, name)

@@ -54,8 +54,8 @@ def _pad_to_crop(image, crop_size, mean_pixel):
   fits = tf.debugging.assert_less_equal(
       size, tf.constant(crop_size, tf.int32),
       message='input image (after any resize) is larger than the export crop '
-              'size %d,%d; re-export with a larger --crop_size or with '
-              '--max_resize_value' % tuple(crop_size))
+              'size %d,%d; re-export with a larger crop_size or with '
+              'max_resize_value' % tuple(crop_size))
   mean = tf.constant(mean_pixel, tf.float32)
   with tf.control_dependencies([fits]):
     padding = [[0, crop_size[0] - size[0]], [0, crop_size[1] - size[1]], [0, 0]]

@@ -1,7 +1,8 @@
 """DeepLabv3+ network: backbones (registered by name), ASPP, decoder, logits.
 
-Importing this package registers every backbone module; `deeplab` holds the
-head and the inference functions.
+Importing this package registers every backbone module; `head` holds ASPP,
+the decoder and the logits, `deeplab` the meta-architecture and the
+inference functions.
 """
 # Backbone modules register their model_variants on import.
 from deeplab_train.model import mobilenet_v2  # noqa: F401

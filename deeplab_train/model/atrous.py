@@ -1,9 +1,11 @@
-"""Output-stride bookkeeping and end-point naming shared by the backbones.
+"""Output-stride bookkeeping, multi-grid rates and end-point naming shared by
+the backbones.
 
 Backbones made of strided units (xception, resnet) reach a requested
 `output_stride` the same way: units keep their stride until the features are
 at that stride, then run at stride 1 and turn each skipped stride into an
-atrous rate for the units after it.
+atrous rate for the units after it. Both take `multi_grid` as the rates of
+the three units (or convs) of their last block.
 """
 import collections
 
@@ -44,9 +46,33 @@ def unit_strides_and_rates(unit_strides, output_stride, root_stride, variant):
       if stride > 1:
         reachable.append(reachable[-1] * stride)
     raise ConfigError(
-        '--output_stride=%d cannot be reached by --model_variant=%s; use one '
-        'of %s' % (output_stride, variant, ', '.join(map(str, reachable))))
+        '{ModelOptions.output_stride}=%d cannot be reached by '
+        '{ModelOptions.model_variant}=%s; use one of %s', output_stride,
+        variant, ', '.join(map(str, reachable)))
   return plan
+
+
+def multi_grid_rates(options, default, rates_of):
+  """The atrous rates of the last block's 3 units (or convs): multi_grid.
+
+  Args:
+    options: ModelOptions (multi_grid, model_variant).
+    default: the rates when options.multi_grid is not set.
+    rates_of: what the 3 rates apply to, for the error message.
+
+  Returns:
+    A tuple of 3 ints.
+
+  Raises:
+    ConfigError: multi_grid has another number of values.
+  """
+  grid = tuple(options.multi_grid or default)
+  if len(grid) != 3:
+    raise ConfigError('{ModelOptions.multi_grid} must have 3 values for '
+                      '{ModelOptions.model_variant}=%s (the rates of %s), '
+                      'got %s', options.model_variant, rates_of,
+                      ','.join(map(str, grid)))
+  return grid
 
 
 class EndPoints(collections.OrderedDict):

@@ -68,11 +68,6 @@ class Recorder:
     self.regularization_losses: List[tf.Tensor] = []
     self.update_ops: List[tf.Operation] = []
 
-  def total_regularization_loss(self, name='regularization_loss'):
-    if not self.regularization_losses:
-      return tf.constant(0.0, name=name)
-    return tf.add_n(self.regularization_losses, name=name)
-
 
 _state = threading.local()
 

@@ -73,11 +73,6 @@ def make_divisible(value, divisor, min_value=None):
   return int(rounded)
 
 
-def normalize(images):
-  """Maps raw pixel values in [0, 255] to [-1, 1]."""
-  return (2.0 / 255.0) * tf.cast(images, tf.float32) - 1.0
-
-
 def layer_depths(depth_multiplier=1.0, divisible_by=None):
   """Output channels of the stem and of each block after the multiplier.
 
@@ -192,7 +187,8 @@ def backbone_params(weight_decay, bn_training):
 
 @registry.register(
     'mobilenet_v2', scope=SCOPE, mean_pixel=registry.INCEPTION_MEAN_PIXEL,
-    normalize=normalize, decoder_end_points=DECODER_END_POINTS,
+    normalize=registry.zero_mean_unit_range,
+    decoder_end_points=DECODER_END_POINTS,
     # The original trainer's --weight_decay default.
     default_weight_decay=4e-5)
 def build(images, options, is_training, bn_training, weight_decay):

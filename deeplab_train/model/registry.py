@@ -13,11 +13,19 @@ builder with `register`, and import the module in `model/__init__.py`.
 import dataclasses
 from typing import Callable, Dict, Tuple
 
+import tensorflow.compat.v1 as tf
+
 from deeplab_train.config import ConfigError
 
 # Normalisation of the inputs, by family.
-INCEPTION_MEAN_PIXEL = (127.5, 127.5, 127.5)   # (2/255) * x - 1
+INCEPTION_MEAN_PIXEL = (127.5, 127.5, 127.5)   # zero_mean_unit_range
 IMAGENET_MEAN_RGB = (123.15, 115.90, 103.06)   # plain resnet_v1_50/101
+
+
+def zero_mean_unit_range(images):
+  """Maps pixel values in [0, 255] to [-1, 1]: (2/255) * x - 1 (the
+  input of every backbone but the plain resnet_v1_50/101)."""
+  return (2.0 / 255.0) * tf.cast(images, tf.float32) - 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +43,9 @@ class Backbone:
     normalize: fn(float images in [0, 255]) -> network input.
     decoder_end_points: {output_stride: (end point names, ...)} for the
       decoder's feature projections.
-    default_weight_decay: the L2 factor of conv weights when --weight_decay
-      is not given: the original trainer's default for this family (this
-      entry is the only place it is written).
+    default_weight_decay: the L2 factor of conv weights when no
+      weight_decay is given: the original trainer's default for this family
+      (this entry is the only place it is written).
   """
   name: str
   build: Callable
@@ -72,8 +80,9 @@ def get(name) -> Backbone:
   try:
     return _REGISTRY[name]
   except KeyError:
-    raise ConfigError('unknown --model_variant=%r; known variants: %s'
-                      % (name, ', '.join(known_variants()))) from None
+    raise ConfigError('unknown {ModelOptions.model_variant}=%r; known '
+                      'variants: %s', name,
+                      ', '.join(known_variants())) from None
 
 
 def mean_pixel(name):

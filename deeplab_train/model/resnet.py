@@ -16,7 +16,6 @@ import functools
 
 import tensorflow.compat.v1 as tf
 
-from deeplab_train.config import ConfigError
 from deeplab_train.model import atrous
 from deeplab_train.model import layers
 from deeplab_train.model import registry
@@ -41,11 +40,6 @@ def subtract_imagenet_mean(images):
     # Extra (non-RGB) channels are left as they are, as in the original.
     mean += [0.0] * (int(channels) - 3)
   return images - tf.constant(mean, tf.float32, shape=[1, 1, 1, len(mean)])
-
-
-def zero_mean_unit_range(images):
-  """`_beta` input: pixel values in [0, 255] mapped to [-1, 1]."""
-  return (2.0 / 255.0) * tf.cast(images, tf.float32) - 1.0
 
 
 def _conv2d_same(x, num_outputs, kernel_size, params, scope, stride=1,
@@ -111,15 +105,6 @@ def _unit_specs(num_layers, multi_grid):
   return specs
 
 
-def _multi_grid(options):
-  grid = tuple(options.multi_grid or DEFAULT_MULTI_GRID)
-  if len(grid) != 3:
-    raise ConfigError('--multi_grid must have 3 values for --model_variant=%s '
-                      '(the rates of block4\'s 3 units), got %s'
-                      % (options.model_variant, ','.join(map(str, grid))))
-  return grid
-
-
 def conv_params(weight_decay, bn_training):
   """The ConvParams of every ResNet layer (the original's arg scope)."""
   return layers.ConvParams(
@@ -150,7 +135,9 @@ def build_resnet(images, options, is_training, bn_training, weight_decay,
     ConfigError: unreachable output_stride or bad multi_grid.
   """
   del is_training
-  specs = _unit_specs(num_layers, _multi_grid(options))
+  grid = atrous.multi_grid_rates(options, DEFAULT_MULTI_GRID,
+                                 "block4's 3 units")
+  specs = _unit_specs(num_layers, grid)
   plan = atrous.unit_strides_and_rates(
       [stride for _, _, stride, _ in specs], options.output_stride,
       _ROOT_STRIDE, options.model_variant)
@@ -177,7 +164,8 @@ def _register(name, num_layers, beta):
       scope=scope,
       mean_pixel=(registry.INCEPTION_MEAN_PIXEL if beta
                   else registry.IMAGENET_MEAN_RGB),
-      normalize=zero_mean_unit_range if beta else subtract_imagenet_mean,
+      normalize=(registry.zero_mean_unit_range if beta
+                 else subtract_imagenet_mean),
       # The unit before each block's strided last unit: its conv3 output.
       decoder_end_points={
           4: ('block1/unit_2/%s/conv3' % _UNIT,),

@@ -22,7 +22,6 @@ from typing import Tuple
 
 import tensorflow.compat.v1 as tf
 
-from deeplab_train.config import ConfigError
 from deeplab_train.model import atrous
 from deeplab_train.model import layers
 from deeplab_train.model import registry
@@ -86,11 +85,6 @@ _DECODER_UNITS = {
                     8: 'entry_flow/block5/unit_1',
                     16: 'exit_flow/block1/unit_1'},
 }
-
-
-def zero_mean_unit_range(images):
-  """Maps pixel values in [0, 255] to [-1, 1]: (2/255) * x - 1."""
-  return (2.0 / 255.0) * tf.cast(images, tf.float32) - 1.0
 
 
 def _separable_conv(x, depth, params, scope, stride, rate, end_points,
@@ -161,15 +155,6 @@ def _root(images, params, end_points):
   return net
 
 
-def _multi_grid(options):
-  grid = tuple(options.multi_grid or DEFAULT_MULTI_GRID)
-  if len(grid) != 3:
-    raise ConfigError('--multi_grid must have 3 values for --model_variant=%s '
-                      '(the rates of the last block\'s 3 convs), got %s'
-                      % (options.model_variant, ','.join(map(str, grid))))
-  return grid
-
-
 def conv_params(weight_decay, bn_training, bounded=False):
   """The ConvParams of every Xception layer (the original's arg scope)."""
   return layers.ConvParams(
@@ -203,7 +188,8 @@ def build_xception(images, options, is_training, bn_training, weight_decay,
   """
   del is_training
   blocks = _BLOCKS[variant]
-  grid = _multi_grid(options)
+  grid = atrous.multi_grid_rates(options, DEFAULT_MULTI_GRID,
+                                 "the last block's 3 convs")
   bounded = options.use_bounded_activation
   params = conv_params(weight_decay, bn_training, bounded)
   plan = iter(atrous.unit_strides_and_rates(
@@ -229,7 +215,7 @@ def _register(variant):
       variant,
       scope=variant,
       mean_pixel=registry.INCEPTION_MEAN_PIXEL,
-      normalize=zero_mean_unit_range,
+      normalize=registry.zero_mean_unit_range,
       decoder_end_points={
           stride: (unit + '/' + _PROJECTION,)
           for stride, unit in _DECODER_UNITS[variant].items()},

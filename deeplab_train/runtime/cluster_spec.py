@@ -1,8 +1,8 @@
 """Which cluster this process belongs to: pure parsing and validation.
 
 A cluster has parameter-server tasks (job 'ps') and worker tasks (job
-'worker', task 0 the chief). It comes from flags (--ps_hosts,
---worker_hosts, --job_name, --task) or from the TF_CONFIG environment
+'worker', task 0 the chief). It comes from the cluster options (ps_hosts,
+worker_hosts, job_name, task: config.ClusterOptions) or from the TF_CONFIG environment
 variable, whose conventions are:
 
     {"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222"],
@@ -109,7 +109,7 @@ def parse_host(value, where):
   """'host:port' with a port in 1..65535, returned stripped.
 
   Raises:
-    ConfigError: naming `where` (a flag or TF_CONFIG entry).
+    ConfigError: naming `where` (an option field or TF_CONFIG entry).
   """
   if not isinstance(value, str):
     raise ConfigError('%s: expected "host:port" strings, got %r' % (where, value))
@@ -231,30 +231,31 @@ def parse_tf_config(text):
 
 
 def _from_flags(options):
-  """(ps_hosts, worker_hosts, job_name, task) from the flags, or None."""
-  ps = _hosts(options.ps_hosts or (), '--ps_hosts')
-  workers = _hosts(options.worker_hosts or (), '--worker_hosts')
+  """(ps_hosts, worker_hosts, job_name, task) from the options, or None."""
+  ps = _hosts(options.ps_hosts or (), '{ClusterOptions.ps_hosts}')
+  workers = _hosts(options.worker_hosts or (), '{ClusterOptions.worker_hosts}')
   job = options.job_name or None
   if not (ps or workers or job):
     return None
   if not workers:
-    raise ConfigError('--worker_hosts is required for a cluster (with '
-                      '--ps_hosts, --job_name and --task): the host:port of '
-                      'every worker, the chief first')
+    raise ConfigError('{ClusterOptions.worker_hosts} is required for a '
+                      'cluster (with {ClusterOptions.ps_hosts}, '
+                      '{ClusterOptions.job_name} and {ClusterOptions.task}): '
+                      'the host:port of every worker, the chief first')
   if job not in JOB_NAMES:
-    raise ConfigError('--job_name must be "ps" or "worker" in a cluster, got '
-                      '%r' % job)
+    raise ConfigError('{ClusterOptions.job_name} must be "ps" or "worker" in a '
+                      'cluster, got %r' % job)
   return ps, workers, job, options.task
 
 
 def _check(ps, workers, job, task, source):
   """Cross-checks of a cluster description; raises ConfigError."""
   hosts = ps if job == JOB_PS else workers
-  flag = ('--task' if source == 'flags'
-          else '%s task index' % TF_CONFIG)
+  where = ('{ClusterOptions.task}' if source == 'flags'
+           else '%s task index' % TF_CONFIG)
   if not 0 <= task < len(hosts):
     raise ConfigError('%s=%d is out of range: the cluster has %d %s task(s) '
-                      '(0..%d)' % (flag, task, len(hosts), job, len(hosts) - 1))
+                      '(0..%d)' % (where, task, len(hosts), job, len(hosts) - 1))
   seen = {}
   for name, group in ((JOB_PS, ps), (JOB_WORKER, workers)):
     for i, host in enumerate(group):
@@ -265,7 +266,8 @@ def _check(ps, workers, job, task, source):
       seen[host] = '%s task %d' % (name, i)
   if len(workers) > 1 and not ps:
     raise ConfigError('a cluster of %d workers needs at least one parameter '
-                      'server (--ps_hosts, or "ps" in %s) to hold the shared '
+                      'server ({ClusterOptions.ps_hosts}, or "ps" in %s) to '
+                      'hold the shared '
                       'variables' % (len(workers), TF_CONFIG))
 
 
@@ -282,8 +284,8 @@ def resolve(options, tf_config=None):
 
   Raises:
     ConfigError: a bad cluster: task index out of range, unknown job name,
-      malformed addresses, flags and TF_CONFIG disagreeing, --num_replicas
-      or --num_ps_tasks contradicting the hosts, ...
+      malformed addresses, options and TF_CONFIG disagreeing, num_replicas
+      or num_ps_tasks contradicting the hosts, ...
   """
   options.validate()
   from_flags = _from_flags(options)
@@ -321,22 +323,22 @@ def _show(described):
 
 
 def _check_without_cluster(options):
-  need = ('needs a cluster: --worker_hosts, --ps_hosts and --job_name, or the '
-          '%s environment variable' % TF_CONFIG)
-  if options.task:
-    raise ConfigError('--task=%d %s' % (options.task, need))
-  if options.num_replicas not in (None, 1):
-    raise ConfigError('--num_replicas=%d %s' % (options.num_replicas, need))
-  if options.num_ps_tasks not in (None, 0):
-    raise ConfigError('--num_ps_tasks=%d %s' % (options.num_ps_tasks, need))
+  need = ('needs a cluster: {ClusterOptions.worker_hosts}, '
+          '{ClusterOptions.ps_hosts} and {ClusterOptions.job_name}, or the %s '
+          'environment variable' % TF_CONFIG)
+  for name, alone in (('task', (0,)), ('num_replicas', (None, 1)),
+                      ('num_ps_tasks', (None, 0))):
+    value = getattr(options, name)
+    if value not in alone:
+      raise ConfigError('{ClusterOptions.%s}=%d %s' % (name, value, need))
 
 
 def _check_counts(options, ps, workers):
-  if options.num_replicas is not None and options.num_replicas != len(workers):
-    raise ConfigError('--num_replicas=%d but the cluster has %d worker(s); '
-                      'leave --num_replicas out (it follows the cluster) or '
-                      'make them equal' % (options.num_replicas, len(workers)))
-  if options.num_ps_tasks is not None and options.num_ps_tasks != len(ps):
-    raise ConfigError('--num_ps_tasks=%d but the cluster has %d ps task(s); '
-                      'leave --num_ps_tasks out (it follows the cluster) or '
-                      'make them equal' % (options.num_ps_tasks, len(ps)))
+  for name, count, what in (('num_replicas', len(workers), 'worker(s)'),
+                            ('num_ps_tasks', len(ps), 'ps task(s)')):
+    value = getattr(options, name)
+    if value is not None and value != count:
+      raise ConfigError('{ClusterOptions.%s}=%d but the cluster has %d %s; '
+                        'leave {ClusterOptions.%s} out (it follows the '
+                        'cluster) or make them equal'
+                        % (name, value, count, what, name))

@@ -118,7 +118,7 @@ class TimeBudgetHook(tf.train.SessionRunHook):
 
   def after_run(self, run_context, run_values):
     if time.time() >= self._deadline:
-      logging.info('--max_run_seconds reached: stopping with a checkpoint')
+      logging.info('max_run_seconds reached: stopping with a checkpoint')
       self._state.request(TIME_BUDGET)
       run_context.request_stop()
 

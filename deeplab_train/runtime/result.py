@@ -14,7 +14,7 @@ that should start in a fraction of a second.
 import dataclasses
 import json
 import math
-from typing import Optional
+from typing import Any, Optional
 
 from deeplab_train import atomic
 
@@ -32,6 +32,11 @@ class RunResult:
   checkpoint: Optional[str] = None
   seconds: float = 0.0
   message: str = ''
+  # What the message says, naming option fields (a ConfigError or a
+  # config.errors.Message: render(name_of) shows them in a command's terms);
+  # not part of the JSON.
+  detail: Optional[Any] = dataclasses.field(default=None, repr=False,
+                                            compare=False)
 
   @property
   def exit_code(self):
@@ -40,6 +45,7 @@ class RunResult:
   def to_dict(self):
     d = {'event': 'result'}
     d.update(dataclasses.asdict(self))
+    del d['detail']
     d['seconds'] = round(self.seconds, 3)
     if d['loss'] is not None and not math.isfinite(d['loss']):
       d['loss'] = str(d['loss'])  # JSON has no NaN

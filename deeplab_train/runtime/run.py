@@ -3,8 +3,8 @@
 `train` is what `deeplab-train` calls. It never raises for the outcomes a
 cron job must tell apart; it returns a `RunResult` (result.py) whose status
 maps to the exit code. Order of precedence for the starting weights: a
-checkpoint in train_logdir (resume), else --tf_initial_checkpoint, else
-random initialisation.
+checkpoint in train_logdir (resume), else the initial checkpoint
+(TrainOptions.tf_initial_checkpoint), else random initialisation.
 
 A `TrainingRun` has a `Role`. The local run and a cluster's chief decide
 the starting weights, write the checkpoints, summaries and
@@ -23,6 +23,7 @@ from absl import logging
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
+from deeplab_train.config import errors
 from deeplab_train.data import pipeline
 from deeplab_train.runtime import cluster as cluster_lib
 from deeplab_train.runtime import hooks as hooks_lib
@@ -32,7 +33,7 @@ from deeplab_train.runtime.result import RunResult
 from deeplab_train.train import checkpoint_init
 from deeplab_train.train import graph as graph_lib
 
-# Steps between two Chrome traces with --profile_logdir.
+# Steps between two Chrome traces in RunOptions.profile_logdir.
 PROFILE_STEPS = 100
 
 
@@ -148,8 +149,13 @@ class TrainingRun:
   def elapsed(self):
     return time.time() - self.start
 
-  def _result(self, status, stop_reason, **fields):
-    return RunResult(status, stop_reason, seconds=self.elapsed(), **fields)
+  def _result(self, status, stop_reason, detail=None, **fields):
+    """A RunResult; a `detail` (a message naming option fields, see
+    config/errors.py) gives the message too."""
+    if detail is not None:
+      fields['message'] = str(detail)
+    return RunResult(status, stop_reason, seconds=self.elapsed(),
+                     detail=detail, **fields)
 
   def execute(self, handle_signals=True):
     """Locks the logdir and trains; every expected ending is a result."""
@@ -167,7 +173,7 @@ class TrainingRun:
     except lock_lib.LogdirLockedError as e:
       return self._result('locked', 'locked', message=str(e))
     except config.ConfigError as e:
-      return self._result('bad_input', 'bad_input', message=str(e))
+      return self._result('bad_input', 'bad_input', detail=e)
     finally:
       if handle_signals:
         self.signals.restore()
@@ -184,12 +190,13 @@ class TrainingRun:
     latest, start_step, init = self._starting_point()
     target = spec.train_options.training_number_of_steps
     if start_step >= target:
-      message = ('nothing to do: %s is at step %d, '
-                 '--training_number_of_steps=%d'
-                 % (spec.run_options.train_logdir, start_step, target))
-      logging.info(message)
+      detail = errors.Message(
+          'nothing to do: %s is at step %d, '
+          '{TrainOptions.training_number_of_steps}=%d',
+          spec.run_options.train_logdir, start_step, target)
+      logging.info('%s', detail)
       return self._result('ok', 'nothing_to_do', global_step=start_step,
-                          checkpoint=latest, message=message)
+                          checkpoint=latest, detail=detail)
     last_step = target
     if spec.run_options.num_steps_more:
       last_step = min(target, start_step + spec.run_options.num_steps_more)
@@ -360,9 +367,9 @@ class TrainingRun:
 def _check_cluster_run(run_options):
   if run_options.num_steps_more:
     raise config.ConfigError(
-        '--num_steps_more is not supported on a cluster (every worker would '
-        'need the chief\'s checkpoint step): raise --training_number_of_steps '
-        'instead')
+        '{RunOptions.num_steps_more} is not supported on a cluster (every '
+        'worker would need the chief\'s checkpoint step): raise '
+        '{TrainOptions.training_number_of_steps} instead')
 
 
 def _starting_point(train_options, run_options):
@@ -376,8 +383,8 @@ def _starting_point(train_options, run_options):
       bar = '!' * 72
       logging.warning(
           '\n%s\n  %s already holds checkpoint %s (step %d): RESUMING from '
-          'it.\n  --tf_initial_checkpoint=%s is IGNORED (it only initialises '
-          'a new run).\n  Use an empty --train_logdir to start afresh from '
+          'it.\n  tf_initial_checkpoint=%s is IGNORED (it only initialises '
+          'a new run).\n  Use an empty train_logdir to start afresh from '
           'it.\n%s', bar, logdir, latest, step,
           train_options.tf_initial_checkpoint, bar)
     else:

@@ -40,11 +40,10 @@ def validate_mixed_precision(mode):
   """Returns `mode` when known.
 
   Raises:
-    ValueError: not one of MIXED_PRECISION_MODES (names the flag).
+    ConfigError: not one of MIXED_PRECISION_MODES.
   """
-  if mode not in MIXED_PRECISION_MODES:
-    raise ValueError('--mixed_precision must be one of %s, got %r'
-                     % ('/'.join(MIXED_PRECISION_MODES), mode))
+  config_lib.check_one_of('{TrainOptions.mixed_precision}', mode,
+                          MIXED_PRECISION_MODES)
   return mode
 
 

@@ -28,12 +28,11 @@ from deeplab_train.train import scopes
 _SHOW = 5
 
 
-def resolve_checkpoint(path, flag_name='tf_initial_checkpoint'):
-  """A checkpoint prefix from a prefix or a directory.
+def resolve_checkpoint(path):
+  """The initial checkpoint's prefix from a prefix or a directory.
 
   Args:
     path: 'dir/model.ckpt-1000' or a directory (its latest checkpoint).
-    flag_name: flag named in errors.
 
   Returns:
     The checkpoint prefix.
@@ -48,15 +47,16 @@ def resolve_checkpoint(path, flag_name='tf_initial_checkpoint'):
       if len(found) == 1:
         return os.path.join(path, found[0][:-len('.index')])
       raise ConfigError(
-          '--%s=%s is a directory without a checkpoint (no "checkpoint" state '
-          'file and %s .index files): pass a prefix such as '
-          '%s/model.ckpt-30000' % (flag_name, path, len(found) or 'no',
-                                   path.rstrip('/')))
+          '{TrainOptions.tf_initial_checkpoint}=%s is a directory without a '
+          'checkpoint (no "checkpoint" state file and %s .index files): pass '
+          'a prefix such as %s/model.ckpt-30000',
+          path, len(found) or 'no', path.rstrip('/'))
     return prefix
   if os.path.exists(path + '.index') or os.path.exists(path):
     return path
-  raise ConfigError('--%s=%s: no checkpoint there (expected %s.index, or a '
-                    'directory holding checkpoints)' % (flag_name, path, path))
+  raise ConfigError('{TrainOptions.tf_initial_checkpoint}=%s: no checkpoint '
+                    'there (expected %s.index, or a directory holding '
+                    'checkpoints)', path, path)
 
 
 @dataclasses.dataclass
@@ -109,12 +109,12 @@ def _mismatch_hint(mismatched, logits_scopes):
       only_logits = all(scopes.in_scopes(n, logits_scopes)
                         for n, _, _ in mismatched)
       return ('logits have %d classes in the checkpoint, the model %d: pass '
-              '--initialize_last_layer=false%s to start them afresh'
+              'initialize_last_layer=false%s to start them afresh'
               % (ckpt_shape[-1], model_shape[-1],
-                 ' --last_layers_contain_logits_only=true'
+                 ' last_layers_contain_logits_only=true'
                  if only_logits else ''))
   return ('last-layer shapes differ from the checkpoint: pass '
-          '--initialize_last_layer=false to start them afresh')
+          'initialize_last_layer=false to start them afresh')
 
 
 def make_init_plan(checkpoint, variables, exclude_scopes=(),
@@ -162,16 +162,16 @@ def make_init_plan(checkpoint, variables, exclude_scopes=(),
   if fatal:
     raise ConfigError(
         'checkpoint %s does not fit the model: %d variables have another '
-        'shape (%s). Is it a checkpoint of this --model_variant with the same '
-        'model flags (e.g. --depth_multiplier)?'
+        'shape (%s). Is it a checkpoint of this {ModelOptions.model_variant} '
+        'with the same model flags (e.g. {ModelOptions.depth_multiplier})?'
         % (checkpoint, len(fatal), '; '.join(
             '%s is %s in the checkpoint, %s in the model'
             % (n, list(c), list(m)) for n, c, m in fatal[:3])))
   if not restored:
     raise ConfigError(
         'checkpoint %s holds none of the model\'s %d variables (it has e.g. '
-        '%s; the model e.g. %s): check --tf_initial_checkpoint and '
-        '--model_variant' % (checkpoint, len(variables),
+        '%s; the model e.g. %s): check {TrainOptions.tf_initial_checkpoint} '
+        'and {ModelOptions.model_variant}' % (checkpoint, len(variables),
                              _examples(sorted(ckpt_shapes)[:2]),
                              _examples([scopes.variable_name(v)
                                         for v in variables][:2])))

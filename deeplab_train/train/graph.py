@@ -92,7 +92,7 @@ class _Update:
 
 
 def effective_weight_decay(train_options, model_variant):
-  """--weight_decay, or the backbone registry entry's default."""
+  """TrainOptions.weight_decay, or the backbone registry entry's default."""
   if train_options.weight_decay is not None:
     return train_options.weight_decay
   return registry.get(model_variant).default_weight_decay
@@ -133,7 +133,7 @@ def _split_batch(samples, num_clones, batch_size):
     static = samples[key].shape[0]
     if static is not None and static != batch_size:
       raise ValueError('input_fn gave a batch of %s %ss, expected '
-                       '--train_batch_size=%d' % (static, key, batch_size))
+                       'train_batch_size=%d' % (static, key, batch_size))
   if num_clones == 1:
     return [{'image': samples['image'], 'label': samples['label']}]
   images = tf.split(samples['image'], num_clones, axis=0)
@@ -305,9 +305,9 @@ def _update(towers, losses_, learning_rate, global_step, trainable,
   scale = None
   if train_options.mixed_precision == 'fp16':
     if wrap_optimizer is not None:
-      raise config.ConfigError('--mixed_precision=fp16 is not supported on a '
-                               'cluster (its loss scaling may skip a step, '
-                               'which replicas cannot agree on)')
+      raise config.ConfigError('{TrainOptions.mixed_precision}=fp16 is not '
+                               'supported on a cluster (its loss scaling may '
+                               'skip a step, which replicas cannot agree on)')
     with tf.name_scope(train_scope), tf.device(cpu):
       scale = loss_scale.DynamicLossScale()
   towers_for_grads, reg_loss = _scaled_losses(

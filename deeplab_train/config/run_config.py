@@ -1,0 +1,60 @@
+"""The model config saved beside the checkpoints: written by deeplab-train,
+read by deeplab-eval, deeplab-vis and deeplab-export so that they build the
+network that was trained."""
+import json
+import os
+
+from deeplab_train import atomic
+from deeplab_train.config.data import PreprocessOptions
+from deeplab_train.config.errors import ConfigError
+from deeplab_train.config.model import ModelOptions
+
+RUN_CONFIG_FILENAME = 'deeplab_config.json'
+
+
+def save_run_config(logdir, model_options, preprocess_options, dataset):
+  """Atomically writes `deeplab_config.json` into `logdir`.
+
+  Args:
+    logdir: the training directory.
+    model_options: ModelOptions.
+    preprocess_options: PreprocessOptions (resize settings matter at export).
+    dataset: dict with at least 'name', 'num_classes', 'ignore_label'.
+
+  Returns:
+    The path written.
+  """
+  path = os.path.join(logdir, RUN_CONFIG_FILENAME)
+  payload = {'model_options': model_options.to_dict(),
+             'preprocess_options': preprocess_options.to_dict(),
+             'dataset': dict(dataset)}
+  return atomic.write_json(path, payload)
+
+
+def load_run_config(logdir_or_file):
+  """Reads what `save_run_config` wrote.
+
+  Args:
+    logdir_or_file: the training directory, or the JSON file itself.
+
+  Returns:
+    (ModelOptions, PreprocessOptions, dataset dict), or None when there is no
+    saved config (e.g. a model-zoo checkpoint directory).
+
+  Raises:
+    ConfigError: the file exists but cannot be read.
+  """
+  path = logdir_or_file
+  if os.path.isdir(path):
+    path = os.path.join(path, RUN_CONFIG_FILENAME)
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path) as f:
+      payload = json.load(f)
+    return (ModelOptions.from_dict(payload['model_options']),
+            PreprocessOptions.from_dict(payload['preprocess_options']),
+            payload['dataset'])
+  except (ValueError, KeyError, TypeError) as e:
+    raise ConfigError('%s is not a valid deeplab config (%s); delete it and '
+                      'pass the model flags instead' % (path, e)) from None

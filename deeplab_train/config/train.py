@@ -1,0 +1,198 @@
+"""What the training graph is built from (owned by train/), and the checks
+across model and training options done before any graph."""
+import dataclasses
+from typing import Optional, Tuple
+
+from deeplab_train.config.errors import ConfigError
+from deeplab_train.config.errors import check
+from deeplab_train.config.errors import check_one_of
+from deeplab_train.config.errors import field_ref
+from deeplab_train.config.serialize import JsonMixin
+from deeplab_train.config.serialize import set_field
+from deeplab_train.config.serialize import tuple_or_none
+
+LEARNING_POLICIES = ('poly', 'step', 'cosine')
+OPTIMIZERS = ('momentum', 'adam')
+MIXED_PRECISION_MODES = ('none', 'bf16', 'fp16')
+# Fewer images per tower give noisy batch-norm statistics.
+MIN_BATCH_NORM_IMAGES = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions(JsonMixin):
+  """What the training graph is built from (towers, loss, optimiser, init).
+
+  Field names are the original train.py flag names; defaults are its
+  defaults, except `weight_decay=None`, which means the backbone registry
+  entry's default (4e-5 for every built-in backbone, as the original).
+  """
+  train_batch_size: int = 8
+  num_clones: int = 1
+  clone_on_cpu: bool = False
+  weight_decay: Optional[float] = None
+  momentum: float = 0.9
+  fine_tune_batch_norm: bool = True
+  image_pyramid: Optional[Tuple[float, ...]] = None
+  # Loss.
+  upsample_logits: bool = True
+  label_weights: Optional[Tuple[float, ...]] = None
+  top_k_percent_pixels: float = 1.0
+  hard_example_mining_step: int = 0
+  # Learning rate.
+  learning_policy: str = 'poly'
+  base_learning_rate: float = 1e-4
+  learning_rate_decay_factor: float = 0.1
+  learning_rate_decay_step: int = 2000
+  learning_power: float = 0.9
+  training_number_of_steps: int = 30000
+  slow_start_step: int = 0
+  slow_start_learning_rate: float = 1e-4
+  decay_steps: float = 0.0
+  end_learning_rate: float = 0.0
+  optimizer: str = 'momentum'
+  adam_learning_rate: float = 0.001
+  adam_epsilon: float = 1e-8
+  # Graph-level random seed (initialisation); None: random.
+  seed: Optional[int] = None
+  last_layer_gradient_multiplier: float = 1.0
+  last_layers_contain_logits_only: bool = False
+  # Initialisation from a checkpoint.
+  tf_initial_checkpoint: Optional[str] = None
+  initialize_last_layer: bool = True
+  # Summaries built into the graph.
+  save_summaries_images: bool = False
+  # Speed (see runtime/session_config.py): 'none', 'bf16' (CPU) or 'fp16'
+  # (GPU, with dynamic loss scaling); XLA compilation of the network (see
+  # train/graph.py); thread pools (None: every usable core, 0: TensorFlow's
+  # choice).
+  mixed_precision: str = 'none'
+  use_xla: bool = False
+  intra_op_parallelism_threads: Optional[int] = None
+  inter_op_parallelism_threads: Optional[int] = None
+
+  def __post_init__(self):
+    for name in ('image_pyramid', 'label_weights'):
+      set_field(self, name, tuple_or_none(getattr(self, name), float) or None)
+
+  @property
+  def clone_batch_size(self):
+    return self.train_batch_size // self.num_clones
+
+  def validate(self):
+    """Raises ConfigError naming the offending field; returns self."""
+    self._validate_towers()
+    self._validate_loss()
+    self._validate_schedule()
+    self._validate_speed()
+    self._validate_last_layers()
+    return self
+
+  def _validate_towers(self):
+    batch, clones = self.train_batch_size, self.num_clones
+    check(batch >= 1,
+          '{TrainOptions.train_batch_size} must be >= 1, got %d' % batch)
+    check(clones >= 1, '{TrainOptions.num_clones} must be >= 1, got %d' % clones)
+    check(batch % clones == 0,
+          '{TrainOptions.train_batch_size}=%d is not divisible by '
+          '{TrainOptions.num_clones}=%d: each tower takes an equal share of '
+          'the batch; use a batch size that is a multiple of %d'
+          % (batch, clones, clones))
+
+  def _validate_loss(self):
+    check(self.weight_decay is None or self.weight_decay >= 0,
+          '{TrainOptions.weight_decay} must be >= 0')
+    check(0 <= self.momentum < 1, '{TrainOptions.momentum} must be in [0, 1)')
+    check(0 < self.top_k_percent_pixels <= 1,
+          '{TrainOptions.top_k_percent_pixels} must be in (0, 1], got %g'
+          % self.top_k_percent_pixels)
+    check(self.hard_example_mining_step >= 0,
+          '{TrainOptions.hard_example_mining_step} must be >= 0')
+
+  def _validate_last_layers(self):
+    check(self.last_layer_gradient_multiplier >= 0,
+          '{TrainOptions.last_layer_gradient_multiplier} must be >= 0')
+    check(all(w >= 0 for w in self.label_weights or ()),
+          '{TrainOptions.label_weights} must be >= 0')
+    check(all(s > 0 for s in self.image_pyramid or ()),
+          '{TrainOptions.image_pyramid} scales must be > 0')
+
+  def _validate_schedule(self):
+    check_one_of(field_ref(self, 'learning_policy'), self.learning_policy,
+                 LEARNING_POLICIES)
+    check(self.base_learning_rate >= 0,
+          '{TrainOptions.base_learning_rate} must be >= 0')
+    check(self.training_number_of_steps >= 1,
+          '{TrainOptions.training_number_of_steps} must be >= 1')
+    check(0 <= self.slow_start_step < self.training_number_of_steps,
+          '{TrainOptions.slow_start_step}=%d must be >= 0 and smaller than '
+          '{TrainOptions.training_number_of_steps}=%d'
+          % (self.slow_start_step, self.training_number_of_steps))
+    check(self.learning_rate_decay_step >= 1,
+          '{TrainOptions.learning_rate_decay_step} must be >= 1')
+    check(self.decay_steps >= 0, '{TrainOptions.decay_steps} must be >= 0 '
+          '(0: the steps after the slow start)')
+    check(self.end_learning_rate >= 0,
+          '{TrainOptions.end_learning_rate} must be >= 0')
+    check_one_of(field_ref(self, 'optimizer'), self.optimizer,
+                 OPTIMIZERS)
+    check(self.adam_learning_rate >= 0,
+          '{TrainOptions.adam_learning_rate} must be >= 0')
+    check(self.adam_epsilon > 0, '{TrainOptions.adam_epsilon} must be > 0')
+
+  def _validate_speed(self):
+    check_one_of(field_ref(self, 'mixed_precision'), self.mixed_precision,
+                 MIXED_PRECISION_MODES)
+    for name in ('intra_op_parallelism_threads',
+                 'inter_op_parallelism_threads'):
+      check((getattr(self, name) or 0) >= 0, '%s must be >= 0 (0: TensorFlow '
+            'decides; unset: every core)' % field_ref(self, name))
+
+
+def valid_crop_sizes_near(size, output_stride):
+  """The two crop sizes around `size` of the form k * output_stride + 1."""
+  below = (size - 1) // output_stride * output_stride + 1
+  return below, below + output_stride
+
+
+def check_training_setup(model_options, train_options):
+  """Cross-checks of model and training options done before any graph.
+
+  Args:
+    model_options: ModelOptions (its crop_size is the training crop).
+    train_options: TrainOptions.
+
+  Returns:
+    A list of warnings for the log, with {owner.field} references (see
+    config.errors.render).
+
+  Raises:
+    ConfigError: crop sizes that do not fit the output stride, or label
+      weights that do not match the class count.
+  """
+  stride = model_options.output_stride
+  for size in model_options.crop_size or ():
+    if (size - 1) % stride:
+      lo, hi = valid_crop_sizes_near(size, stride)
+      sizes = ','.join(str(s) for s in model_options.crop_size)
+      raise ConfigError(
+          '{ModelOptions.crop_size}=%s does not fit '
+          '{ModelOptions.output_stride}=%d: each size must be a multiple of '
+          '%d plus 1 so that features stay aligned with the labels; nearest '
+          'valid size for %d: %s or %d'
+          % (sizes, stride, stride, size, lo if lo > 1 else '(none below)',
+             hi))
+  weights = train_options.label_weights
+  check(weights is None or len(weights) == model_options.num_classes,
+        '{TrainOptions.label_weights} has %d values but the dataset has %d '
+        'classes: give one weight per class'
+        % (len(weights or ()), model_options.num_classes))
+  warnings = []
+  if (train_options.fine_tune_batch_norm
+      and train_options.clone_batch_size < MIN_BATCH_NORM_IMAGES):
+    warnings.append(
+        '{TrainOptions.fine_tune_batch_norm}=true with %d images per tower: '
+        'batch-norm statistics from fewer than %d images are noisy; use a '
+        'larger {TrainOptions.train_batch_size} or '
+        '{TrainOptions.fine_tune_batch_norm}=false'
+        % (train_options.clone_batch_size, MIN_BATCH_NORM_IMAGES))
+  return warnings

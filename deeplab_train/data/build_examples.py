@@ -1,0 +1,185 @@
+"""Reads, validates and encodes one image/label pair as a tf.Example.
+
+Every pair is validated before it is written: the image decodes, image and
+label have the same size, and label ids lie in `[0, num_classes)` or equal
+`ignore_label`. Label PNGs in palette ('P') or grey ('L') form are read as
+ids; RGB colour labels are mapped back to ids through the colormap, or
+refused. Labels are always re-encoded as single-channel PNGs of ids (readers
+decode them with `decode_png(channels=1)`).
+"""
+import io
+
+import numpy as np
+from PIL import Image
+
+from deeplab_train.data import build_options
+from deeplab_train.data import colormap as colormap_lib
+from deeplab_train.data import tfrecord
+
+# PIL modes whose pixel values are the class ids themselves.
+_ID_MODES = ('P', 'L', '1', 'I', 'I;16', 'I;16B', 'I;16L')
+
+
+def read_image(path):
+  """Reads an image file as it will be stored.
+
+  JPEG (grey or RGB) and PNG bytes are kept as they are; anything else is
+  re-encoded as an RGB PNG so the reader can decode it.
+
+  Returns:
+    (encoded bytes, format 'jpeg' or 'png', height, width).
+
+  Raises:
+    DataError: the file is not a readable image.
+  """
+  with open(path, 'rb') as f:
+    data = f.read()
+  try:
+    with Image.open(io.BytesIO(data)) as im:
+      im.load()
+      fmt, mode, (width, height) = im.format, im.mode, im.size
+      if fmt == 'JPEG' and mode in ('L', 'RGB'):
+        return data, 'jpeg', height, width
+      if fmt == 'PNG' and mode in ('L', 'LA', 'RGB', 'RGBA', 'P'):
+        return data, 'png', height, width
+      buf = io.BytesIO()
+      im.convert('RGB').save(buf, format='PNG')
+      return buf.getvalue(), 'png', height, width
+  except (OSError, ValueError, Image.DecompressionBombError) as e:
+    raise build_options.DataError('%s is not a readable image (%s)', path,
+                                  e) from None
+
+
+def _colour_table(palette, num_classes, ignore_label):
+  """{packed rgb: id} for the class ids (first wins) plus the ignore id."""
+  cmap = colormap_lib.as_colormap(palette).astype(np.int64)
+  packed = (cmap[:, 0] << 16) | (cmap[:, 1] << 8) | cmap[:, 2]
+  table = {}
+  for i in list(range(num_classes)) + [ignore_label]:
+    if i < len(packed):
+      table.setdefault(int(packed[i]), i)
+  return table
+
+
+def rgb_label_to_ids(rgb, path, options):
+  """Maps an RGB colour label to ids through the options' palette.
+
+  Args:
+    rgb: uint8 [H, W, 3].
+    path: the file (for messages).
+    options: BuildOptions.
+
+  Returns:
+    uint8 [H, W] ids.
+
+  Raises:
+    DataError: colours that are not in the palette, listed with counts.
+  """
+  palette = options.palette()
+  table = _colour_table(palette, options.num_classes, options.ignore_label)
+  packed = ((rgb[..., 0].astype(np.int64) << 16) |
+            (rgb[..., 1].astype(np.int64) << 8) | rgb[..., 2])
+  colours, inverse, counts = np.unique(packed, return_inverse=True,
+                                       return_counts=True)
+  unknown = [(int(c), int(n)) for c, n in zip(colours, counts)
+             if int(c) not in table]
+  if unknown:
+    raise _unknown_colours_error(rgb, path, palette, options, unknown)
+  ids = np.array([table[int(c)] for c in colours], dtype=np.uint8)
+  return ids[inverse.reshape(-1)].reshape(packed.shape)
+
+
+def _unknown_colours_error(rgb, path, palette, options, unknown):
+  """The DataError listing `unknown` [(packed rgb, pixel count)]."""
+  shown = ', '.join('(%d,%d,%d) x%d' % (c >> 16, (c >> 8) & 255, c & 255, n)
+                    for c, n in unknown[:build_options.MAX_LISTED])
+  hint = ''
+  if np.all(rgb[..., 0] == rgb[..., 1]) and np.all(rgb[..., 1] == rgb[..., 2]):
+    hint = ('; it looks like grey ids saved as RGB: save it as a '
+            'single-channel PNG')
+  return build_options.DataError(
+      '%s: RGB label has %d colour(s) not in the %s palette for classes '
+      '0..%d and ignore %d: %s%s', path, len(unknown),
+      palette if isinstance(palette, str) else 'given',
+      options.num_classes - 1, options.ignore_label, shown, hint)
+
+
+def read_label(path, options):
+  """Reads a label file as uint8 ids [H, W] and checks the id range.
+
+  Raises:
+    DataError: unreadable file, RGB label with conversion off or unknown
+      colours, or ids outside [0, num_classes) and not the ignore label.
+  """
+  try:
+    with Image.open(path) as im:
+      im.load()
+      mode = im.mode
+      if mode in ('RGB', 'RGBA'):
+        pixels = np.asarray(im.convert('RGB'))
+      else:
+        pixels = np.asarray(im)
+  except (OSError, ValueError, Image.DecompressionBombError) as e:
+    raise build_options.DataError('%s is not a readable label image (%s)',
+                                  path, e) from None
+  if mode in _ID_MODES:
+    ids = pixels.astype(np.int64)
+  elif mode in ('RGB', 'RGBA'):
+    if not options.convert_rgb_labels:
+      raise build_options.DataError(
+          '%s is an RGB colour label, not a label of class ids; save it as '
+          'a palette or grey PNG of ids, or let deeplab-build-data convert '
+          'it ({BuildOptions.convert_rgb_labels} '
+          '{BuildOptions.colormap}=NAME)', path)
+    ids = rgb_label_to_ids(pixels, path, options)
+  else:
+    raise build_options.DataError(
+        '%s: unsupported label image mode %r; use a palette (P) or grey (L) '
+        'PNG of class ids', path, mode)
+  check_label_values(ids, path, options.num_classes, options.ignore_label)
+  return ids.astype(np.uint8)
+
+
+def check_label_values(ids, path, num_classes, ignore_label):
+  """Raises DataError naming `path` and the ids outside the valid set."""
+  values = np.unique(ids)
+  bad = [int(v) for v in values
+         if not (0 <= v < num_classes or v == ignore_label)]
+  if bad:
+    raise build_options.DataError(
+        '%s: label values %s are outside [0, %d) and not the ignore label %d; '
+        'fix the labels or set {BuildOptions.num_classes} / '
+        '{BuildOptions.ignore_label}', path, build_options.few(map(str, bad)),
+        num_classes, ignore_label)
+
+
+def encode_label_png(ids):
+  """uint8 ids [H, W] as single-channel ('L') PNG bytes."""
+  buf = io.BytesIO()
+  Image.fromarray(np.asarray(ids, dtype=np.uint8), mode='L').save(
+      buf, format='PNG')
+  return buf.getvalue()
+
+
+def make_example(entry, options):
+  """Reads, validates and encodes one pair.
+
+  Returns:
+    The serialized tf.train.Example.
+
+  Raises:
+    DataError: any problem with the files, naming them.
+  """
+  image_data, image_format, height, width = read_image(entry.image_path)
+  label_data = None
+  if entry.label_path is not None:
+    ids = read_label(entry.label_path, options)
+    if ids.shape != (height, width):
+      raise build_options.DataError(
+          'size mismatch: image %s is %dx%d (WxH) but label %s is %dx%d',
+          entry.image_path, width, height, entry.label_path, ids.shape[1],
+          ids.shape[0])
+    label_data = encode_label_png(ids)
+  example = tfrecord.encode_example(image_data, entry.name, image_format,
+                                    height, width, label_data)
+  return example.SerializeToString()

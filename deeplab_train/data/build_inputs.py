@@ -1,0 +1,131 @@
+"""Lists the image/label pairs of a dataset to convert.
+
+Two layouts are read:
+
+* VOC: `image_folder/<id>.<image_format>`, `label_folder/<id>.png` and one
+  `list_folder/<split>.txt` of ids per split (the original converter's
+  layout).
+* generic: an images folder and a masks folder matched by file stem, written
+  as one named split.
+
+Everything is listed and checked (folders, lists, each listed file) before
+anything is converted; the missing files of a list are reported together.
+"""
+import dataclasses
+import os
+from typing import Optional
+
+from deeplab_train.config import ConfigError
+from deeplab_train.data import build_options
+
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One image/label pair to convert."""
+  name: str
+  image_path: str
+  label_path: Optional[str]
+
+
+def require_dir(path, field):
+  """Raises ConfigError unless `path` is a folder.
+
+  Args:
+    path: the folder given.
+    field: the '{owner.field}' reference of the option that gave it.
+  """
+  if not path or not os.path.isdir(path):
+    raise ConfigError(field + '=%s is not a folder', path)
+
+
+def voc_split_files(list_folder, split_name=None):
+  """{split: list file} for the `<split>.txt` files of a VOC list folder.
+
+  Args:
+    list_folder: folder of `<split>.txt` id lists.
+    split_name: convert only this split (None: every list).
+
+  Raises:
+    ConfigError: no lists, or the named split has no list.
+  """
+  require_dir(list_folder, '{build_voc.list_folder}')
+  found = {os.path.splitext(f)[0]: os.path.join(list_folder, f)
+           for f in sorted(os.listdir(list_folder)) if f.endswith('.txt')}
+  if split_name:
+    if split_name not in found:
+      raise ConfigError(
+          '{build_voc.split_name}=%s: no %s.txt in {build_voc.list_folder}=%s '
+          '(found: %s)', split_name, split_name, list_folder,
+          build_options.few(sorted(found)) or 'none')
+    return {split_name: found[split_name]}
+  if not found:
+    raise ConfigError(
+        '{build_voc.list_folder}=%s holds no <split>.txt id lists',
+        list_folder)
+  return found
+
+
+def voc_entries(list_file, image_folder, label_folder, image_format='jpg',
+                label_format='png'):
+  """The entries named by one VOC id list.
+
+  Raises:
+    ConfigError: empty list.
+    DataError: ids whose image or label file is missing.
+  """
+  with open(list_file) as f:
+    ids = [line.strip() for line in f if line.strip()]
+  if not ids:
+    raise ConfigError('%s lists no images', list_file)
+  entries, missing = [], []
+  for name in ids:
+    image = os.path.join(image_folder, '%s.%s' % (name, image_format))
+    label = os.path.join(label_folder, '%s.%s' % (name, label_format))
+    missing.extend(p for p in (image, label) if not os.path.isfile(p))
+    entries.append(Entry(name, image, label))
+  if missing:
+    raise build_options.DataError(
+        '%s: %d listed file(s) missing: %s (check {build_voc.image_folder}, '
+        '{build_voc.label_folder} and {build_voc.image_format})',
+        list_file, len(missing), build_options.few(missing))
+  return entries
+
+
+def generic_entries(image_folder, masks_folder, label_format='png'):
+  """Images paired with `<stem>.<label_format>` masks, sorted by stem.
+
+  Raises:
+    ConfigError: a folder is missing.
+    DataError: no images, an ambiguous stem, or images without a mask.
+  """
+  require_dir(image_folder, '{build_generic.image_folder}')
+  require_dir(masks_folder, '{build_generic.masks_folder}')
+  images = {}
+  for f in sorted(os.listdir(image_folder)):
+    stem, ext = os.path.splitext(f)
+    if ext.lower() not in IMAGE_EXTENSIONS or f.startswith('.'):
+      continue
+    if stem in images:
+      raise build_options.DataError(
+          '%s: two images named %r (%s and %s); keep one', image_folder, stem,
+          os.path.basename(images[stem]), f)
+    images[stem] = os.path.join(image_folder, f)
+  if not images:
+    raise build_options.DataError(
+        '{build_generic.image_folder}=%s holds no .jpg/.jpeg/.png images',
+        image_folder)
+  entries, unmatched = [], []
+  for stem in sorted(images):
+    mask = os.path.join(masks_folder, '%s.%s' % (stem, label_format))
+    if os.path.isfile(mask):
+      entries.append(Entry(stem, images[stem], mask))
+    else:
+      unmatched.append(os.path.basename(images[stem]))
+  if unmatched:
+    raise build_options.DataError(
+        '%d image(s) in %s have no <stem>.%s mask in %s: %s', len(unmatched),
+        image_folder, label_format, masks_folder,
+        build_options.few(unmatched))
+  return entries

@@ -1,0 +1,254 @@
+"""The layers DeepLab puts on a backbone: ASPP, decoder and logits.
+
+Built as the original DeepLab's `model.py` builds them, so that variable
+names, shapes and initialisers match its checkpoints:
+
+  ASPP: `image_pooling`, `aspp0`, `aspp{i}` (separable:
+  `aspp{i}_depthwise` / `aspp{i}_pointwise`), `concat_projection`;
+  decoder: `decoder/feature_projection{i}`, `decoder/decoder_conv{0,1}`;
+  logits: `logits/semantic`.
+
+The dropout after `concat_projection` and the multi-scale assembly are in
+`deeplab`.
+"""
+import tensorflow.compat.v1 as tf
+
+from deeplab_train.config import ConfigError
+from deeplab_train.model import layers
+from deeplab_train.model import registry
+
+LOGITS_SCOPE_NAME = 'logits'
+IMAGE_POOLING_SCOPE = 'image_pooling'
+ASPP_SCOPE = 'aspp'
+CONCAT_PROJECTION_SCOPE = 'concat_projection'
+DECODER_SCOPE = 'decoder'
+# The logits conv's name under `logits/` (the original's output type).
+OUTPUT_TYPE = 'semantic'
+
+# Head constants of the original.
+HEAD_BN_EPSILON = 1e-5
+DECODER_PROJECTION_FILTERS = 48
+# Truncated-normal stddevs of the split separable convs and the logits; the
+# other head convs use slim's default (xavier / glorot uniform).
+DEPTHWISE_STDDEV = 0.33
+POINTWISE_STDDEV = 0.06
+LOGITS_STDDEV = 0.01
+
+
+def scale_dimension(dim, scale):
+  """The original's scaled size: int((dim - 1) * scale + 1).
+
+  Args:
+    dim: a Python number or a scalar int Tensor.
+    scale: float factor.
+
+  Returns:
+    The scaled dimension (int, or int32 Tensor for a Tensor input).
+  """
+  if isinstance(dim, tf.Tensor):
+    return tf.cast((tf.cast(dim, tf.float32) - 1.0) * scale + 1.0, tf.int32)
+  return int((float(dim) - 1.0) * scale + 1.0)
+
+
+def resize_bilinear(images, size, output_dtype=None):
+  """Bilinear resize with align_corners=True, computed in float32."""
+  output_dtype = output_dtype or images.dtype
+  resized = tf.image.resize_bilinear(
+      tf.cast(images, tf.float32), size, align_corners=True)
+  return tf.cast(resized, output_dtype)
+
+
+def static_or_none(dim):
+  """`dim` for a static shape: None when it is only known as a Tensor."""
+  return None if isinstance(dim, tf.Tensor) else dim
+
+
+def head_params(options, weight_decay, bn_training):
+  """ConvParams of ASPP and decoder (the original's arg_scope for them)."""
+  activation = tf.nn.relu6 if options.use_bounded_activation else tf.nn.relu
+  return layers.ConvParams(
+      weight_decay=weight_decay,
+      batch_norm=layers.BatchNormParams(
+          decay=options.batch_norm_decay, epsilon=HEAD_BN_EPSILON, scale=True),
+      bn_training=bn_training,
+      activation=activation,
+      weights_initializer=tf.glorot_uniform_initializer())
+
+
+def _separable_conv(x, filters, params, scope, rate=1):
+  """DeepLab's split separable conv with its own initialisers."""
+  pointwise = params.replace(weights_initializer=None,
+                             weights_stddev=POINTWISE_STDDEV)
+  depthwise = params.replace(weights_initializer=None,
+                             weights_stddev=DEPTHWISE_STDDEV,
+                             regularize_depthwise=False)
+  return layers.split_separable_conv2d(
+      x, filters, pointwise, scope, kernel_size=3, rate=rate,
+      depthwise_params=depthwise)
+
+
+def _image_pooling(features, options, params):
+  """Image-level feature: pool, 1x1 conv, resize back to the feature size."""
+  depth = options.aspp_convs_filters
+  if options.crop_size is not None:
+    pool_crop = options.image_pooling_crop_size or options.crop_size
+    pool_height = scale_dimension(pool_crop[0], 1. / options.output_stride)
+    pool_width = scale_dimension(pool_crop[1], 1. / options.output_stride)
+    stride = list(options.image_pooling_stride)
+    pooled = tf.nn.avg_pool2d(
+        features, ksize=[pool_height, pool_width], strides=stride,
+        padding='VALID', name='AvgPool2D')
+    resize_height = scale_dimension(options.crop_size[0],
+                                    1. / options.output_stride)
+    resize_width = scale_dimension(options.crop_size[1],
+                                   1. / options.output_stride)
+  else:
+    # Without a crop size the pooling is global over the actual features.
+    pooled = tf.reduce_mean(features, axis=[1, 2], keepdims=True)
+    resize_height = tf.shape(features)[1]
+    resize_width = tf.shape(features)[2]
+  # The original keeps ReLU here even with bounded activations.
+  image_feature = layers.conv2d(pooled, depth, 1, params, IMAGE_POOLING_SCOPE,
+                                activation=tf.nn.relu)
+  image_feature = resize_bilinear(image_feature, [resize_height, resize_width])
+  image_feature.set_shape([None, static_or_none(resize_height),
+                           static_or_none(resize_width), depth])
+  return image_feature
+
+
+def aspp(features, options, params):
+  """ASPP branches and their `concat_projection` (no dropout)."""
+  depth = options.aspp_convs_filters
+  branches = []
+  if options.add_image_level_feature:
+    branches.append(_image_pooling(features, options, params))
+  branches.append(layers.conv2d(features, depth, 1, params, ASPP_SCOPE + '0'))
+  for i, rate in enumerate(options.atrous_rates or (), 1):
+    scope = ASPP_SCOPE + str(i)
+    if options.aspp_with_separable_conv:
+      branches.append(_separable_conv(features, depth, params, scope, rate))
+    else:
+      branches.append(layers.conv2d(features, depth, 3, params, scope,
+                                    rate=rate))
+  net = tf.concat(branches, 3)
+  return layers.conv2d(net, depth, 1, params, CONCAT_PROJECTION_SCOPE)
+
+
+def _decoder_end_point(end_points, backbone, output_stride, name):
+  try:
+    return end_points[name]
+  except KeyError:
+    raise ConfigError(
+        'decoder end point %r (for {ModelOptions.decoder_output_stride}=%d) '
+        'is not among the end points of backbone %r; available: %s', name,
+        output_stride, backbone.name, ', '.join(sorted(end_points))) from None
+
+
+def _decoder_feature_names(backbone, output_stride):
+  names = backbone.decoder_end_points.get(output_stride)
+  if not names:
+    raise ConfigError(
+        '{ModelOptions.decoder_output_stride}=%d is not supported by '
+        '{ModelOptions.model_variant}=%s; it has decoder end points for '
+        'output strides %s', output_stride, backbone.name,
+        ', '.join(str(s) for s in sorted(backbone.decoder_end_points)))
+  return names
+
+
+def refine_by_decoder(features, end_points, backbone, crop_size, options,
+                      params):
+  """The DeepLabv3+ decoder, one stage per decoder output stride.
+
+  Stage k (k > 0 gets the suffix `_k`) projects each low-level end point to
+  48 channels (`feature_projection{i}`), resizes everything to the stage's
+  resolution, concatenates, and smooths with two 3x3 convs.
+
+  Args:
+    features: the ASPP output.
+    end_points: the backbone's end points.
+    backbone: the registered Backbone (its decoder_end_points).
+    crop_size: (height, width) as ints or scalar Tensors.
+    options: ModelOptions (decoder_output_stride, decoder_filters,
+      decoder_use_separable_conv).
+    params: the head's ConvParams.
+
+  Returns:
+    The decoder output.
+
+  Raises:
+    ConfigError: no end point for a requested stride, or an end point name
+      missing from `end_points`.
+  """
+  net = features
+  with tf.variable_scope(DECODER_SCOPE):
+    for stage, output_stride in enumerate(options.decoder_output_stride):
+      suffix = '_%d' % stage if stage else ''
+      size = [scale_dimension(crop_size[0], 1.0 / output_stride),
+              scale_dimension(crop_size[1], 1.0 / output_stride)]
+      names = _decoder_feature_names(backbone, output_stride)
+      for i, name in enumerate(names):
+        low_level = _decoder_end_point(end_points, backbone, output_stride,
+                                       name)
+        projected = layers.conv2d(
+            low_level, DECODER_PROJECTION_FILTERS, 1, params,
+            'feature_projection%d%s' % (i, suffix))
+        net = _concat_resized((net, projected), size)
+        net = _decoder_convs(net, i, suffix, options, params)
+  return net
+
+
+def _concat_resized(tensors, size):
+  """The tensors resized to `size` [height, width], concatenated."""
+  resized = []
+  for tensor in tensors:
+    tensor = resize_bilinear(tensor, size)
+    tensor.set_shape([None, static_or_none(size[0]),
+                      static_or_none(size[1]), None])
+    resized.append(tensor)
+  return tf.concat(resized, 3)
+
+
+def _decoder_convs(net, index, suffix, options, params):
+  """The two 3x3 convs smoothing a decoder stage's merged features."""
+  depth = options.decoder_filters
+  if options.decoder_use_separable_conv:
+    net = _separable_conv(net, depth, params, 'decoder_conv0' + suffix)
+    return _separable_conv(net, depth, params, 'decoder_conv1' + suffix)
+  # As the original's slim.repeat: decoder_conv{i}{suffix}/..._1, _2.
+  scope = 'decoder_conv%d%s' % (index, suffix)
+  with tf.variable_scope(scope):
+    for rep in (1, 2):
+      net = layers.conv2d(net, depth, 3, params, '%s_%d' % (scope, rep))
+  return net
+
+
+def get_branch_logits(features, num_classes, options, weight_decay=None,
+                      scope_suffix=OUTPUT_TYPE):
+  """The logits conv(s) under `logits/`, with biases and no BN.
+
+  With ASPP (aspp_with_batch_norm) or no atrous rates this is one
+  `logits/semantic` conv; otherwise one atrous branch per rate
+  (`semantic`, `semantic_1`, ...) summed, as the original DeepLabv2 head.
+
+  Raises:
+    ConfigError: logits_kernel_size != 1 where the original requires 1.
+  """
+  rates = options.atrous_rates
+  kernel_size = options.logits_kernel_size
+  if options.aspp_with_batch_norm or rates is None:
+    if kernel_size != 1:
+      raise ConfigError(
+          '{ModelOptions.logits_kernel_size} must be 1 when atrous_rates is '
+          'empty or aspp_with_batch_norm is on; got %d', kernel_size)
+    rates = (1,)
+  if weight_decay is None:
+    weight_decay = registry.get(options.model_variant).default_weight_decay
+  params = layers.ConvParams(weight_decay=weight_decay, batch_norm=None,
+                             activation=None, weights_stddev=LOGITS_STDDEV)
+  with tf.variable_scope(LOGITS_SCOPE_NAME):
+    branches = []
+    for i, rate in enumerate(rates):
+      scope = scope_suffix + ('_%d' % i if i else '')
+      branches.append(layers.conv2d(features, num_classes, kernel_size,
+                                    params, scope, rate=rate))
+    return branches[0] if len(branches) == 1 else tf.add_n(branches)
