@@ -1,7 +1,7 @@
 # shellcheck shell=bash
-# Helpers sourced by the PASCAL VOC scripts and cron_retrain.sh: logging,
-# the two training recipes (model flags), checkpoint look-up, atomic writes.
-# Not meant to be run on its own.
+# Helpers sourced by the scripts (through voc_recipe.sh for the PASCAL VOC
+# ones, the demo and cron_retrain.sh): logging, option parsing, checkpoint
+# look-up, atomic writes, flag lists. Not meant to be run on its own.
 
 # Prints a timestamped message on stderr.
 log() {
@@ -77,77 +77,6 @@ latest_checkpoint() {
   fi
 }
 
-# Prints the global step of checkpoint prefix $1 (model.ckpt-1234 -> 1234),
-# 0 for an empty argument.
-checkpoint_step() {
-  if [[ ${1:-} =~ -([0-9]+)$ ]]; then
-    printf '%s\n' "${BASH_REMATCH[1]}"
-  else
-    printf '0\n'
-  fi
-}
-
-# Prints key $2 of the JSON object in file $1 (empty when absent).
-json_get() {
-  "${PYTHON:-python3}" -c '
-import json, sys
-with open(sys.argv[1]) as f:
-  value = json.load(f).get(sys.argv[2])
-print("" if value is None else value)' "$1" "$2"
-}
-
-# Sets the model variables of a recipe unless the caller already set them.
-# A variable set to the empty string (ATROUS_RATES=) switches that part off.
-#   xception_65:  ASPP rates 6,12,18 and the decoder at stride 4 (local_test.sh)
-#   mobilenet_v2: no ASPP rates and no decoder (local_test_mobilenetv2.sh and
-#                 the model-zoo mobilenet_v2 PASCAL checkpoints)
-set_recipe_defaults() {
-  RECIPE=${RECIPE:-xception_65}
-  case $RECIPE in
-    xception_65)
-      MODEL_VARIANT=${MODEL_VARIANT:-xception_65}
-      ATROUS_RATES=${ATROUS_RATES-6,12,18}
-      DECODER_OUTPUT_STRIDE=${DECODER_OUTPUT_STRIDE-4}
-      ;;
-    mobilenet_v2)
-      MODEL_VARIANT=${MODEL_VARIANT:-mobilenet_v2}
-      ATROUS_RATES=${ATROUS_RATES-}
-      DECODER_OUTPUT_STRIDE=${DECODER_OUTPUT_STRIDE-}
-      ;;
-    *) die "RECIPE must be xception_65 or mobilenet_v2, got '$RECIPE'" ;;
-  esac
-  OUTPUT_STRIDE=${OUTPUT_STRIDE:-16}
-  DEPTH_MULTIPLIER=${DEPTH_MULTIPLIER:-}
-}
-
-# Fills the array MODEL_FLAGS with the recipe's model flags.
-build_model_flags() {
-  local rates rate
-  MODEL_FLAGS=(--model_variant="$MODEL_VARIANT" --output_stride="$OUTPUT_STRIDE")
-  IFS=', ' read -r -a rates <<<"$ATROUS_RATES"
-  for rate in "${rates[@]}"; do
-    MODEL_FLAGS+=(--atrous_rates="$rate")
-  done
-  if [[ -n $DECODER_OUTPUT_STRIDE ]]; then
-    MODEL_FLAGS+=(--decoder_output_stride="$DECODER_OUTPUT_STRIDE")
-  fi
-  if [[ -n $DEPTH_MULTIPLIER ]]; then
-    MODEL_FLAGS+=(--depth_multiplier="$DEPTH_MULTIPLIER")
-  fi
-}
-
-# Fills MODEL_FLAGS for eval/vis/export reading checkpoints from folder $1:
-# empty when deeplab-train saved its model options there (they are read back,
-# and repeating them could only contradict them), else the recipe's flags
-# (e.g. a model-zoo checkpoint).
-model_flags_for_checkpoint_dir() {
-  if [[ -f "$1/deeplab_config.json" ]]; then
-    MODEL_FLAGS=()
-  else
-    build_model_flags
-  fi
-}
-
 # Splits the string $2 on whitespace into the array named $1 (for the
 # *_EXTRA_FLAGS variables; values cannot contain spaces).
 split_words() {
@@ -167,55 +96,31 @@ repeat_flag() {
   done
 }
 
-# Sets the folder layout shared by the PASCAL VOC scripts (the original's
-# pascal_voc_seg/{tfrecord,exp/...} tree) unless the caller set it.
-set_voc_paths() {
-  WORK_DIR=${WORK_DIR:-./pascal_voc_seg}
-  DATASET=${DATASET:-pascal_voc_seg}
-  DATASET_DIR=${DATASET_DIR:-$WORK_DIR/tfrecord}
-  EXP_DIR=${EXP_DIR:-$WORK_DIR/exp/$RECIPE}
-  TRAIN_LOGDIR=${TRAIN_LOGDIR:-$EXP_DIR/train}
-  EVAL_LOGDIR=${EVAL_LOGDIR:-$EXP_DIR/eval}
-  VIS_LOGDIR=${VIS_LOGDIR:-$EXP_DIR/vis}
-  EXPORT_DIR=${EXPORT_DIR:-$EXP_DIR/export}
-}
-
-# The environment variables every PASCAL VOC script reads, for usage texts.
-voc_paths_help() {
-  cat <<'HELP'
-Recipe and folders (environment variables, with their defaults):
-  RECIPE                xception_65 | mobilenet_v2                [xception_65]
-  MODEL_VARIANT, OUTPUT_STRIDE, ATROUS_RATES, DECODER_OUTPUT_STRIDE,
-  DEPTH_MULTIPLIER      override the recipe's model flags; an empty value
-                        (ATROUS_RATES=) switches that part off. xception_65:
-                        OS 16, rates 6,12,18, decoder 4; mobilenet_v2: OS 16,
-                        no rates, no decoder (as the model-zoo checkpoints).
-  WORK_DIR              [./pascal_voc_seg]
-  DATASET               [pascal_voc_seg]
-  DATASET_DIR           TFRecords + dataset.json        [$WORK_DIR/tfrecord]
-  EXP_DIR               [$WORK_DIR/exp/$RECIPE]
-  TRAIN_LOGDIR          checkpoints                     [$EXP_DIR/train]
-  EVAL_LOGDIR, VIS_LOGDIR, EXPORT_DIR                   [$EXP_DIR/{eval,vis,export}]
-HELP
-}
-
-# Prints the usage text given on stdin plus the shared variables, when the
-# first argument asks for help; exits then.
-maybe_usage() {
-  if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-    cat
-    echo
-    voc_paths_help
-    exit 0
-  fi
-}
-
-# Fills OPTIONAL_FLAGS with --$1=$2, or nothing when $2 is empty (the
-# command's own default applies).
-# shellcheck disable=SC2034  # read by the scripts that source this file
-optional_flag() {
-  OPTIONAL_FLAGS=()
-  if [[ -n ${2:-} ]]; then
-    OPTIONAL_FLAGS=("--$1=$2")
-  fi
+# Parses the options "--name VALUE" and "--name=VALUE": $1 names an
+# associative array of option -> variable to set; -h and --help call the
+# caller's `usage` and exit 0. Everything else (positional arguments and
+# unknown options, in order) is left in the array POSITIONAL for the caller.
+parse_options() {
+  local -n _variables=$1
+  local arg
+  shift
+  POSITIONAL=()
+  while (($#)); do
+    arg=$1
+    shift
+    if [[ $arg == --*=* ]]; then
+      set -- "${arg#*=}" "$@"
+      arg=${arg%%=*}
+    fi
+    if [[ $arg == -h || $arg == --help ]]; then
+      usage
+      exit 0
+    elif [[ -n $arg && -n ${_variables[$arg]:-} ]]; then
+      (($#)) || die "$arg needs a value (see -h)"
+      printf -v "${_variables[$arg]}" '%s' "$1"
+      shift
+    else
+      POSITIONAL+=("$arg")
+    fi
+  done
 }

@@ -3,16 +3,18 @@
 # train N more steps from the latest checkpoint within a time budget,
 # evaluate, and promote the new model (export + atomic switch of the
 # `current` symlink) only when its mIoU did not drop by more than a margin.
-# This script runs the commands and moves the files; it asks every decision
-# between them (what to rebuild and train, promote or keep, the exit code,
-# the JSON summary) of the round's policy, deeplab_train/retrain, through
-# `python -m deeplab_train.retrain` (deeplab_train/cli/retrain.py).
+# This script takes the lock, runs the commands and moves the files; it asks
+# everything else (whether the settings are good, the data fingerprint, what
+# to rebuild and train, promote or keep, what to delete, the exit code, the
+# JSON summary) of the round's policy, deeplab_train/retrain, through
+# `python -m deeplab_train.retrain` (deeplab_train/cli/retrain.py lists the
+# questions in the order they are asked).
 # See docs/cron.md for the folder layout, the exit codes and a crontab line.
 set -euo pipefail
 
 SCRIPT_NAME=cron_retrain.sh
-# shellcheck source-path=SCRIPTDIR source=common.sh
-source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# shellcheck source-path=SCRIPTDIR source=voc_recipe.sh
+source "$(dirname "${BASH_SOURCE[0]}")/voc_recipe.sh"
 
 # The exit codes this script sets without asking the policy (which defines
 # them all, in deeplab_train/retrain/policy.py).
@@ -65,34 +67,17 @@ The last line on stdout (and \$WORK_DIR/last_run.json) is a JSON summary.
 EOF
 }
 
-# --- configuration -----------------------------------------------------------
+# --- settings ------------------------------------------------------------------
+
+# Option -> variable (parse_options reads it by name).
+# shellcheck disable=SC2034
+declare -A OPTIONS=([--data_dir]=DATA_DIR [--work_dir]=WORK_DIR
+  [--steps]=STEPS_PER_RUN [--max_run_seconds]=MAX_RUN_SECONDS
+  [--margin]=MIOU_MARGIN [--keep]=KEEP_EXPORTS)
 
 parse_args() {
-  local arg
-  while (($#)); do
-    arg=$1
-    shift
-    if [[ $arg == --*=* ]]; then
-      set -- "${arg#*=}" "$@"
-      arg=${arg%%=*}
-    fi
-    case $arg in
-      -h | --help) usage; exit 0 ;;
-      --data_dir | --work_dir | --steps | --max_run_seconds | --margin | --keep)
-        (($#)) || die "$arg needs a value (see -h)"
-        case $arg in
-          --data_dir) DATA_DIR=$1 ;;
-          --work_dir) WORK_DIR=$1 ;;
-          --steps) STEPS_PER_RUN=$1 ;;
-          --max_run_seconds) MAX_RUN_SECONDS=$1 ;;
-          --margin) MIOU_MARGIN=$1 ;;
-          --keep) KEEP_EXPORTS=$1 ;;
-        esac
-        shift
-        ;;
-      *) die "unknown argument '$arg' (see -h)" ;;
-    esac
-  done
+  parse_options OPTIONS "$@"
+  ((${#POSITIONAL[@]} == 0)) || die "unknown argument '${POSITIONAL[0]}' (see -h)"
 }
 
 set_defaults() {
@@ -119,17 +104,18 @@ set_defaults() {
   PYTHON=${PYTHON:-python3}
 }
 
-check_config() {
-  [[ -n $DATA_DIR ]] || die "--data_dir (or DATA_DIR) is required (see -h)"
-  [[ -n $WORK_DIR ]] || die "--work_dir (or WORK_DIR) is required (see -h)"
-  local name
-  for name in NUM_CLASSES IGNORE_LABEL NUM_SHARDS STEPS_PER_RUN MAX_TOTAL_STEPS \
-    MAX_RUN_SECONDS KEEP_EXPORTS KEEP_LOGS; do
-    require_int "$name" "${!name}"
+# Stops (exit 1, before any log is written) on a setting the policy finds
+# bad, or when $PYTHON cannot ask it.
+check_settings() {
+  local name answer settings=()
+  for name in DATA_DIR WORK_DIR NUM_CLASSES IGNORE_LABEL NUM_SHARDS \
+    STEPS_PER_RUN MAX_TOTAL_STEPS MAX_RUN_SECONDS KEEP_EXPORTS KEEP_LOGS \
+    TRAIN_ONLY_ON_NEW_DATA MIOU_MARGIN; do
+    settings+=("$name=${!name}")
   done
-  ((MAX_TOTAL_STEPS > 0)) || die "MAX_TOTAL_STEPS must be at least 1"
-  [[ $TRAIN_ONLY_ON_NEW_DATA =~ ^[01]$ ]] || die "TRAIN_ONLY_ON_NEW_DATA must be 0 or 1"
-  [[ $MIOU_MARGIN =~ ^[0-9]*\.?[0-9]+$ ]] || die "--margin must be a non-negative number, got '$MIOU_MARGIN'"
+  answer=$(policy check -- "${settings[@]}") ||
+    die "$PYTHON cannot run deeplab_train.retrain (put the deeplab-train virtualenv first on PATH, or set PYTHON to its python)"
+  [[ -z $answer ]] || die "${answer#problem=}"
   set_recipe_defaults
 }
 
@@ -149,44 +135,54 @@ set_paths() {
   mkdir -p "$TFRECORDS_DIR" "$TRAIN_LOGDIR" "$EVAL_LOGDIR" "$EXPORTS_DIR" "$STATE_DIR" "$LOG_DIR"
 }
 
+# From here on, stdout and stderr go to this round's log; the summary goes
+# to the original stdout (fd 3).
+open_log() {
+  STAMP=$(date '+%Y%m%d-%H%M%S')
+  LOG_FILE="$LOG_DIR/cron-$STAMP.log"
+  [[ ! -e $LOG_FILE ]] || LOG_FILE="$LOG_DIR/cron-$STAMP-$$.log"
+  CLEANUP=()
+  exec 3>&1
+  exec >>"$LOG_FILE" 2>&1
+}
+
 # --- the policy: python -m deeplab_train.retrain ---------------------------------
 
 policy() { "$PYTHON" -m deeplab_train.retrain "$@"; }
 
-need_policy() {
-  policy --help >/dev/null 2>&1 ||
-    die "$PYTHON cannot run deeplab_train.retrain (put the deeplab-train virtualenv first on PATH, or set PYTHON to its python)"
+declare -A FACTS=() ANSWER=()
+
+# Fills FACT_FLAGS with --KEY=VALUE for each fact the policy told so far.
+fact_flags() {
+  local key
+  FACT_FLAGS=()
+  for key in "${!FACTS[@]}"; do
+    FACT_FLAGS+=("--$key=${FACTS[$key]}")
+  done
 }
 
-declare -A DECISION=() SUMMARY=()
-
-# Asks the policy for decision $1 (flags follow) and reads its answer, one
-# key=value per line, into DECISION; summary.KEY values are kept in SUMMARY
-# for the JSON summary, log lines are logged, and an answer with an
-# exit_code ends the round.
-decide() {
-  local answer key value
-  answer=$(policy "$@") || fail "the retraining policy failed on '$1' (see the log)"
-  DECISION=()
+# Asks the policy question $1 (its flags follow; the facts are added) and
+# does what the answer says, one key=value per line (the format is in
+# deeplab_train/cli/retrain.py): log lines are logged, `remove` paths
+# deleted, round.KEY and summary.KEY facts kept, the rest left in ANSWER;
+# an answer with an exit_code ends the round.
+ask() {
+  local reply key value
+  fact_flags
+  reply=$(policy "$@" ${FACT_FLAGS[@]+"${FACT_FLAGS[@]}"}) ||
+    fail "the retraining policy failed on '$1' (see the log)"
+  ANSWER=()
   while IFS='=' read -r key value; do
     case $key in
       '') ;;
       log) log "$value" ;;
-      summary.*) SUMMARY[${key#summary.}]=$value ;;
-      *) DECISION[$key]=$value ;;
+      remove) rm -rf -- "$value" ;;
+      round.* | summary.*) FACTS[${key#*.}]=$value ;;
+      *) ANSWER[$key]=$value ;;
     esac
-  done <<<"$answer"
-  if [[ -n ${DECISION[exit_code]:-} ]]; then
-    finish "${DECISION[exit_code]}" "${DECISION[status]}" "${DECISION[message]}"
-  fi
-}
-
-# Fills ROUND_FLAGS with what most decisions need: the state folder, the
-# data fingerprint and the step of checkpoint prefix $1 (when there is one).
-round_flags() {
-  ROUND_FLAGS=(--state_dir="$STATE_DIR" --fingerprint="$FINGERPRINT")
-  if [[ -n $1 ]]; then
-    ROUND_FLAGS+=(--checkpoint_step="$(checkpoint_step "$1")")
+  done <<<"$reply"
+  if [[ -n ${ANSWER[exit_code]:-} ]]; then
+    finish "${ANSWER[exit_code]}" "${ANSWER[status]}" "${ANSWER[message]}"
   fi
 }
 
@@ -195,18 +191,17 @@ round_flags() {
 FINISHED=0
 
 # Prints the JSON summary of exit code $1, status $2 and message $3 (none for
-# an unexpected error) with the facts in SUMMARY; the policy also writes it
-# to $WORK_DIR/last_run.json. When Python cannot run, a minimal line.
+# an unexpected error) with the facts; the policy also writes it to
+# $WORK_DIR/last_run.json. When Python cannot run, a minimal line.
 report() {
-  local code=$1 status=$2 key flags=()
+  local code=$1 status=$2 message_flag=()
   if (($# > 2)); then
-    flags+=(--message="$3")
+    message_flag=(--message="$3")
   fi
-  for key in "${!SUMMARY[@]}"; do
-    flags+=("--$key=${SUMMARY[$key]}")
-  done
+  fact_flags
   policy summary --exit_code="$code" --status="$status" --log_file="$LOG_FILE" \
-    --last_run="$WORK_DIR/last_run.json" ${flags[@]+"${flags[@]}"} >&3 ||
+    --last_run="$WORK_DIR/last_run.json" ${message_flag[@]+"${message_flag[@]}"} \
+    ${FACT_FLAGS[@]+"${FACT_FLAGS[@]}"} >&3 ||
     printf '{"status": "%s", "exit_code": %d, "log": "%s"}\n' "$status" "$code" "$LOG_FILE" >&3
 }
 
@@ -229,95 +224,54 @@ on_exit() {
     FINISHED=1
     log "failed: unexpected error (exit status $rc), see the messages above"
     # This line has only status, exit code and log, as it always had.
-    SUMMARY=()
+    FACTS=()
     report "$EXIT_FAILURE" failed
     exit "$EXIT_FAILURE"
   fi
 }
 
-# --- data and TFRecords --------------------------------------------------------
-
-check_data_dir() {
-  local sub
-  [[ -d $DATA_DIR ]] || fail "DATA_DIR=$DATA_DIR is not a folder"
-  for sub in "$IMAGE_SUBDIR" "$LABEL_SUBDIR" "$LIST_SUBDIR"; do
-    [[ -d "$DATA_DIR/$sub" ]] || fail "$DATA_DIR/$sub is missing (expected VOC layout: $IMAGE_SUBDIR, $LABEL_SUBDIR, $LIST_SUBDIR; see -h)"
-  done
-  for sub in "$TRAIN_SPLIT" "$EVAL_SPLIT"; do
-    [[ -s "$DATA_DIR/$LIST_SUBDIR/$sub.txt" ]] || fail "$DATA_DIR/$LIST_SUBDIR/$sub.txt is missing or empty"
-  done
-}
-
-# Hash of the data folder's file list with sizes and mtimes, and of the
-# conversion settings: any change means the TFRecords must be rebuilt.
-data_fingerprint() {
-  {
-    (cd "$DATA_DIR" && find -L . -type f -printf '%P\t%s\t%T@\n' | LC_ALL=C sort)
-    printf 'settings\t%s\n' "$IMAGE_SUBDIR" "$LABEL_SUBDIR" "$LIST_SUBDIR" "$IMAGE_FORMAT" \
-      "$DATASET_NAME" "$NUM_CLASSES" "$IGNORE_LABEL" "$NUM_SHARDS" "${BUILD_EXTRA_FLAGS:-}"
-  } | sha256sum | cut -d ' ' -f 1
-}
+# --- the commands ----------------------------------------------------------------
 
 # Converts the data folder into a new tfrecords/<stamp> folder and points
 # the `tfrecord` symlink at it; the old records stay in use until then.
 build_tfrecords() {
-  local out="$TFRECORDS_DIR/$STAMP" tmp="$TFRECORDS_DIR/.tmp-$STAMP" extra old
+  local out="$TFRECORDS_DIR/$STAMP" tmp="$TFRECORDS_DIR/.tmp-$STAMP" extra
   split_words extra "${BUILD_EXTRA_FLAGS:-}"
   CLEANUP+=("$tmp")
   log "data changed: converting $DATA_DIR"
   run deeplab-build-data \
     --image_folder="$DATA_DIR/$IMAGE_SUBDIR" \
     --semantic_segmentation_folder="$DATA_DIR/$LABEL_SUBDIR" \
-    --list_folder="$DATA_DIR/$LIST_SUBDIR" \
-    --image_format="$IMAGE_FORMAT" \
-    --output_dir="$tmp" \
-    --num_shards="$NUM_SHARDS" \
-    --dataset_name="$DATASET_NAME" \
-    --num_classes="$NUM_CLASSES" \
+    --list_folder="$DATA_DIR/$LIST_SUBDIR" --image_format="$IMAGE_FORMAT" \
+    --output_dir="$tmp" --num_shards="$NUM_SHARDS" \
+    --dataset_name="$DATASET_NAME" --num_classes="$NUM_CLASSES" \
     --ignore_label="$IGNORE_LABEL" \
     ${extra[@]+"${extra[@]}"} || fail "deeplab-build-data failed on $DATA_DIR (see the log); the previous TFRecords and model are untouched"
   [[ -f "$tmp/dataset.json" ]] || fail "deeplab-build-data wrote no dataset.json"
   mv "$tmp" "$out"
   switch_symlink "tfrecords/$STAMP" "$TFRECORD_LINK"
-  # Only the records in use are kept (older ones, and any left by a round
-  # killed between the rename and the switch).
-  for old in "$TFRECORDS_DIR"/*; do
-    if [[ $old != "$out" ]]; then
-      rm -rf "$old"
-    fi
-  done
+  ask built --state_dir="$STATE_DIR" --records_dir="$TFRECORDS_DIR" \
+    --records_in_use="$STAMP"
 }
-
-# --- training and evaluation ---------------------------------------------------
 
 # Trains $1 more steps from the latest checkpoint; the policy reads a
 # failure through the trainer's own exit codes.
 train_more() {
-  local steps=$1 flags extra
-  build_model_flags
-  flags=(
-    --dataset="$DATASET_NAME"
-    --dataset_dir="$TFRECORD_LINK"
-    --train_split="$TRAIN_SPLIT"
-    --train_logdir="$TRAIN_LOGDIR"
-    "${MODEL_FLAGS[@]}"
-    --train_crop_size="${TRAIN_CROP_SIZE:-513,513}"
-    --train_batch_size="${TRAIN_BATCH_SIZE:-8}"
-    --base_learning_rate="${BASE_LEARNING_RATE:-0.0001}"
-    --fine_tune_batch_norm="${FINE_TUNE_BATCH_NORM:-false}"
-    --num_steps_more="$steps"
+  local steps=$1 extra rc=0
+  recipe_train_flags "$DATASET_NAME" "$TFRECORD_LINK" "$TRAIN_SPLIT" \
+    "$TRAIN_LOGDIR" 8 0.0001 false
+  local flags=("${TRAIN_FLAGS[@]}" --num_steps_more="$steps"
     --training_number_of_steps="$MAX_TOTAL_STEPS"
     --max_run_seconds="$MAX_RUN_SECONDS"
-    --result_json="$STATE_DIR/train_result.json"
-  )
+    --result_json="$STATE_DIR/train_result.json")
   # Only for the first round: later rounds resume from train/ anyway.
-  if [[ -n ${INIT_CHECKPOINT:-} && -z $(latest_checkpoint "$TRAIN_LOGDIR") ]]; then
+  if [[ -n ${INIT_CHECKPOINT:-} && -z $CHECKPOINT ]]; then
     flags+=(--tf_initial_checkpoint="$INIT_CHECKPOINT")
   fi
   split_words extra "${TRAIN_EXTRA_FLAGS:-}"
   log "training $steps more steps (at most $MAX_RUN_SECONDS s)"
-  run deeplab-train "${flags[@]}" ${extra[@]+"${extra[@]}"} ||
-    decide trainer --trainer_exit_code="$?" --trainer_logdir="$TRAIN_LOGDIR"
+  run deeplab-train "${flags[@]}" ${extra[@]+"${extra[@]}"} || rc=$?
+  TRAINER_EXIT_CODE=(--trainer_exit_code="$rc")
 }
 
 # Evaluates checkpoint prefix $1 on the eval split into eval/$2/, whose
@@ -326,30 +280,19 @@ evaluate() {
   local checkpoint=$1 name=$2 result extra rc=0
   result="$EVAL_LOGDIR/$name/result.json"
   rm -f "$result"
-  optional_flag eval_crop_size "${EVAL_CROP_SIZE-513,513}"
+  inference_flags eval "$DATASET_NAME" "$TFRECORD_LINK" "$EVAL_SPLIT" \
+    "$checkpoint" "$EVAL_LOGDIR/$name" "${EVAL_CROP_SIZE-513,513}"
   split_words extra "${EVAL_EXTRA_FLAGS:-}"
-  run deeplab-eval \
-    --dataset="$DATASET_NAME" \
-    --dataset_dir="$TFRECORD_LINK" \
-    --eval_split="$EVAL_SPLIT" \
-    --checkpoint_dir="$checkpoint" \
-    --eval_logdir="$EVAL_LOGDIR/$name" \
-    --max_number_of_evaluations=1 \
-    --eval_result_json="$result" \
-    ${OPTIONAL_FLAGS[@]+"${OPTIONAL_FLAGS[@]}"} \
-    ${extra[@]+"${extra[@]}"} || rc=$?
+  run deeplab-eval "${INFERENCE_FLAGS[@]}" --max_number_of_evaluations=1 \
+    --eval_result_json="$result" ${extra[@]+"${extra[@]}"} || rc=$?
   ((rc == 0)) || fail "deeplab-eval failed with exit status $rc on $checkpoint (see the log)"
 }
 
-# --- promotion -----------------------------------------------------------------
-
-# Exports checkpoint $1 into exports/<stamp>-step<N>, with a copy of the
+# Exports $CHECKPOINT into exports/<stamp>-step<N>, with a copy of the
 # checkpoint and its metrics, then switches `current` to it; sets
 # EXPORT_NAME.
 promote() {
-  local checkpoint=$1 step name tmp extra rc=0 f
-  step=$(checkpoint_step "$checkpoint")
-  name="$STAMP-step$step"
+  local name="$STAMP-step${FACTS[global_step]}" tmp extra rc=0
   [[ ! -e "$EXPORTS_DIR/$name" ]] || name+="-$$"
   tmp="$EXPORTS_DIR/.tmp-$name"
   CLEANUP+=("$tmp")
@@ -357,68 +300,43 @@ promote() {
   split_words extra "${EXPORT_EXTRA_FLAGS:-}"
   # The model options (classes included) come from the deeplab_config.json
   # that deeplab-train saved beside the checkpoint.
-  run deeplab-export \
-    --checkpoint_path="$checkpoint" \
+  run deeplab-export --checkpoint_path="$CHECKPOINT" \
     --export_path="$tmp/frozen_inference_graph.pb" \
     --saved_model_dir="$tmp/saved_model" \
-    --crop_size="${EXPORT_CROP_SIZE:-513,513}" \
-    ${extra[@]+"${extra[@]}"} || rc=$?
+    --crop_size="${EXPORT_CROP_SIZE:-513,513}" ${extra[@]+"${extra[@]}"} || rc=$?
   ((rc == 0)) || fail "deeplab-export failed with exit status $rc (see the log); current model untouched"
   # The checkpoint travels with the export so that a later run can
   # re-evaluate the current model when the evaluation data changes.
-  for f in "$checkpoint".*; do
-    cp "$f" "$tmp/checkpoint/"
-  done
-  cp "$TRAIN_LOGDIR/deeplab_config.json" "$tmp/checkpoint/"
-  printf 'model_checkpoint_path: "%s"\nall_model_checkpoint_paths: "%s"\n' \
-    "$(basename "$checkpoint")" "$(basename "$checkpoint")" >"$tmp/checkpoint/checkpoint"
-  decide metrics "${ROUND_FLAGS[@]}" --out="$tmp/metrics.json" \
+  cp "$CHECKPOINT".* "$TRAIN_LOGDIR/deeplab_config.json" "$tmp/checkpoint/"
+  ask describe_export --export_dir="$tmp" --checkpoint="$CHECKPOINT" \
     --new_result="$EVAL_LOGDIR/new/result.json" --split="$EVAL_SPLIT"
   mv "$tmp" "$EXPORTS_DIR/$name"
   switch_symlink "$name" "$CURRENT_LINK"
   log "promoted: exports/current -> $name"
   EXPORT_NAME=$name
-  prune "$EXPORTS_DIR" "$KEEP_EXPORTS" "$name" \
-    -mindepth 1 -maxdepth 1 -type d -name '[0-9]*-step*'
 }
 
-# Removes from folder $1 all but the newest $2 of the entries that `find`
-# selects with the arguments after $3 (never $3), as the policy chooses.
-prune() {
-  local folder=$1 keep=$2 protect=$3 names answer key name
-  shift 3
-  mapfile -t names < <(find "$folder" "$@" -printf '%f\n')
-  ((${#names[@]})) || return 0
-  answer=$(policy prune --keep="$keep" --protect="$protect" -- "${names[@]}") ||
-    fail "the retraining policy failed on 'prune' (see the log)"
-  while IFS='=' read -r key name; do
-    if [[ $key == remove ]]; then
-      log "removing old $folder/$name"
-      rm -rf "${folder:?}/$name"
-    fi
-  done <<<"$answer"
-}
-
-# Evaluates the new checkpoint $1 (and the current model when the policy
-# asks for it), then promotes or keeps it as the policy decides.
+# Evaluates $CHECKPOINT (and the current model when the policy asks for
+# it), then promotes or keeps it as the policy decides.
 judge() {
-  local checkpoint=$1 flags verdict message
-  flags=("${ROUND_FLAGS[@]}" --new_result="$EVAL_LOGDIR/new/result.json"
+  local verdict message promoted=()
+  local flags=(--new_result="$EVAL_LOGDIR/new/result.json"
     --current_export="$CURRENT_LINK" --margin="$MIOU_MARGIN" --split="$EVAL_SPLIT")
-  evaluate "$checkpoint" new
-  decide judge "${flags[@]}"
-  if [[ ${DECISION[action]} == reevaluate ]]; then
+  evaluate "$CHECKPOINT" new
+  ask judge "${flags[@]}"
+  if [[ ${ANSWER[action]} == reevaluate ]]; then
     evaluate "$(latest_checkpoint "$CURRENT_LINK/checkpoint")" current
-    decide judge "${flags[@]}" --current_result="$EVAL_LOGDIR/current/result.json"
+    ask judge "${flags[@]}" --current_result="$EVAL_LOGDIR/current/result.json"
   fi
-  verdict=${DECISION[action]}
-  message=${DECISION[message]}
-  EXPORT_NAME=
+  verdict=${ANSWER[action]}
+  message=${ANSWER[message]}
   if [[ $verdict == promote ]]; then
-    promote "$checkpoint"
+    promote
+    promoted=(--export="$EXPORT_NAME" --exports_dir="$EXPORTS_DIR"
+      --keep_exports="$KEEP_EXPORTS")
   fi
-  decide conclude "${ROUND_FLAGS[@]}" --verdict="$verdict" --message="$message" \
-    --export="$EXPORT_NAME"
+  ask conclude --state_dir="$STATE_DIR" --verdict="$verdict" \
+    --message="$message" ${promoted[@]+"${promoted[@]}"}
 }
 
 # --- main ------------------------------------------------------------------------
@@ -426,14 +344,9 @@ judge() {
 main() {
   set_defaults
   parse_args "$@"
-  check_config
+  check_settings
   set_paths
-  STAMP=$(date '+%Y%m%d-%H%M%S')
-  LOG_FILE="$LOG_DIR/cron-$STAMP.log"
-  [[ ! -e $LOG_FILE ]] || LOG_FILE="$LOG_DIR/cron-$STAMP-$$.log"
-  CLEANUP=()
-  exec 3>&1
-  exec >>"$LOG_FILE" 2>&1
+  open_log
   trap on_exit EXIT
   # The running command finishes first (deeplab-train saves a checkpoint on
   # SIGTERM), then the round ends as a failure (exit 1).
@@ -443,40 +356,35 @@ main() {
   exec 9>>"$LOCK_FILE"
   flock -n 9 || finish "$EXIT_BUSY" busy "another $SCRIPT_NAME holds $LOCK_FILE"
   need_cmd deeplab-build-data deeplab-train deeplab-eval deeplab-export
-  need_policy
   # Left by a run that was killed: nothing else writes here while we hold
   # the lock.
   rm -rf "$TFRECORDS_DIR"/.tmp-* "$EXPORTS_DIR"/.tmp-*
-  prune "$LOG_DIR" "$KEEP_LOGS" "$(basename "$LOG_FILE")" \
-    -maxdepth 1 -type f -name 'cron-*.log'
-  check_data_dir
 
-  FINGERPRINT=$(data_fingerprint)
-  local checkpoint records_ready=false build steps trained=false
-  checkpoint=$(latest_checkpoint "$TRAIN_LOGDIR")
-  if [[ -f "$TFRECORD_LINK/dataset.json" ]]; then
-    records_ready=true
-  fi
-  round_flags "$checkpoint"
-  decide plan "${ROUND_FLAGS[@]}" --records_ready="$records_ready" \
-    --steps_per_run="$STEPS_PER_RUN" --max_total_steps="$MAX_TOTAL_STEPS" \
-    --train_only_on_new_data="$TRAIN_ONLY_ON_NEW_DATA"
-  build=${DECISION[build]}
-  steps=${DECISION[train_steps]}
+  CHECKPOINT=$(latest_checkpoint "$TRAIN_LOGDIR")
+  ask plan --state_dir="$STATE_DIR" --data_dir="$DATA_DIR" \
+    --image_subdir="$IMAGE_SUBDIR" --label_subdir="$LABEL_SUBDIR" \
+    --list_subdir="$LIST_SUBDIR" --train_split="$TRAIN_SPLIT" \
+    --eval_split="$EVAL_SPLIT" --image_format="$IMAGE_FORMAT" \
+    --dataset_name="$DATASET_NAME" --num_classes="$NUM_CLASSES" \
+    --ignore_label="$IGNORE_LABEL" --num_shards="$NUM_SHARDS" \
+    --build_extra_flags="${BUILD_EXTRA_FLAGS:-}" --records="$TFRECORD_LINK" \
+    --checkpoint="$CHECKPOINT" --steps_per_run="$STEPS_PER_RUN" \
+    --max_total_steps="$MAX_TOTAL_STEPS" \
+    --train_only_on_new_data="$TRAIN_ONLY_ON_NEW_DATA" --log_folder="$LOG_DIR" \
+    --log_file="$LOG_FILE" --keep_logs="$KEEP_LOGS"
+  local build=${ANSWER[build]} steps=${ANSWER[train_steps]}
 
   if ((build)); then
     build_tfrecords
-    decide record "${ROUND_FLAGS[@]}" --stage=built
   fi
+  TRAINER_EXIT_CODE=()
   if ((steps > 0)); then
     train_more "$steps"
-    decide record "${ROUND_FLAGS[@]}" --stage=trained
-    trained=true
-    checkpoint=$(latest_checkpoint "$TRAIN_LOGDIR")
-    round_flags "$checkpoint"
+    CHECKPOINT=$(latest_checkpoint "$TRAIN_LOGDIR")
   fi
-  decide candidate "${ROUND_FLAGS[@]}" --trained="$trained" --trainer_logdir="$TRAIN_LOGDIR"
-  judge "$checkpoint"
+  ask candidate --state_dir="$STATE_DIR" --checkpoint="$CHECKPOINT" \
+    --trainer_logdir="$TRAIN_LOGDIR" ${TRAINER_EXIT_CODE[@]+"${TRAINER_EXIT_CODE[@]}"}
+  judge
 }
 
 main "$@"

@@ -319,37 +319,21 @@ build_tfrecords() {
 
 # --- main ----------------------------------------------------------------------
 
+# Option -> variable (parse_options reads it by name).
+# shellcheck disable=SC2034
+declare -A OPTIONS=([--work_dir]=WORK_DIR [--output_dir]=OUTPUT_DIR
+  [--checksum]=CHECKSUM [--sbd_labels]=SBD_LABELS
+  [--train_aug_list]=TRAIN_AUG_LIST [--num_shards]=NUM_SHARDS)
+
 parse_args() {
   local arg positional=0
   SOURCE=${VOC_SOURCE:-}
-  while (($#)); do
-    arg=$1
-    shift
-    if [[ $arg == --*=* ]]; then
-      set -- "${arg#*=}" "$@"
-      arg=${arg%%=*}
-    fi
-    case $arg in
-      -h | --help) usage; exit 0 ;;
-      --work_dir | --output_dir | --checksum | --sbd_labels | --train_aug_list | --num_shards)
-        (($#)) || die "$arg needs a value (see -h)"
-        case $arg in
-          --work_dir) WORK_DIR=$1 ;;
-          --output_dir) OUTPUT_DIR=$1 ;;
-          --checksum) CHECKSUM=$1 ;;
-          --sbd_labels) SBD_LABELS=$1 ;;
-          --train_aug_list) TRAIN_AUG_LIST=$1 ;;
-          --num_shards) NUM_SHARDS=$1 ;;
-        esac
-        shift
-        ;;
-      -*) die "unknown option '$arg' (see -h)" ;;
-      *)
-        ((!positional)) || die "only one SOURCE may be given (got '$SOURCE' and '$arg')"
-        SOURCE=$arg
-        positional=1
-        ;;
-    esac
+  parse_options OPTIONS "$@"
+  for arg in ${POSITIONAL[@]+"${POSITIONAL[@]}"}; do
+    [[ $arg != -* ]] || die "unknown option '$arg' (see -h)"
+    ((!positional)) || die "only one SOURCE may be given (got '$SOURCE' and '$arg')"
+    SOURCE=$arg
+    positional=1
   done
 }
 

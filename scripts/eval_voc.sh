@@ -4,8 +4,8 @@
 set -euo pipefail
 
 SCRIPT_NAME=$(basename "$0")
-# shellcheck source-path=SCRIPTDIR source=common.sh
-source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# shellcheck source-path=SCRIPTDIR source=voc_recipe.sh
+source "$(dirname "${BASH_SOURCE[0]}")/voc_recipe.sh"
 
 maybe_usage "${1:-}" <<EOF
 Usage: $SCRIPT_NAME [extra deeplab-eval flags]
@@ -25,30 +25,8 @@ Evaluation (environment variables, with their defaults):
 EOF
 
 main() {
-  set_recipe_defaults
   set_voc_paths
-  local evals=${MAX_NUMBER_OF_EVALUATIONS:-1} extra
-  require_int MAX_NUMBER_OF_EVALUATIONS "$evals"
-  need_cmd deeplab-eval
-  [[ -n $(latest_checkpoint "$TRAIN_LOGDIR") || $evals == 0 ]] ||
-    die "no checkpoint in TRAIN_LOGDIR=$TRAIN_LOGDIR: run train_voc.sh first"
-  model_flags_for_checkpoint_dir "$TRAIN_LOGDIR"
-  optional_flag eval_crop_size "${EVAL_CROP_SIZE-513,513}"
-  repeat_flag eval_scales "${EVAL_SCALES:-1.0}"
-  split_words extra "${EVAL_EXTRA_FLAGS:-}"
-  mkdir -p "$EVAL_LOGDIR"
-  run deeplab-eval \
-    --dataset="$DATASET" \
-    --dataset_dir="$DATASET_DIR" \
-    --eval_split="${EVAL_SPLIT:-val}" \
-    --checkpoint_dir="$TRAIN_LOGDIR" \
-    --eval_logdir="$EVAL_LOGDIR" \
-    ${OPTIONAL_FLAGS[@]+"${OPTIONAL_FLAGS[@]}"} \
-    "${REPEATED_FLAGS[@]}" \
-    --add_flipped_images="${ADD_FLIPPED_IMAGES:-false}" \
-    --max_number_of_evaluations="$evals" \
-    ${MODEL_FLAGS[@]+"${MODEL_FLAGS[@]}"} \
-    ${extra[@]+"${extra[@]}"} "$@"
+  run_on_train_logdir eval MAX_NUMBER_OF_EVALUATIONS ADD_FLIPPED_IMAGES "$@"
 }
 
 main "$@"

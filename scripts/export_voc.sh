@@ -5,8 +5,8 @@
 set -euo pipefail
 
 SCRIPT_NAME=$(basename "$0")
-# shellcheck source-path=SCRIPTDIR source=common.sh
-source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# shellcheck source-path=SCRIPTDIR source=voc_recipe.sh
+source "$(dirname "${BASH_SOURCE[0]}")/voc_recipe.sh"
 
 maybe_usage "${1:-}" <<EOF
 Usage: $SCRIPT_NAME [extra deeplab-export flags]
@@ -24,7 +24,6 @@ recipe's flags are passed only without one, e.g. for a model-zoo checkpoint).
 EOF
 
 main() {
-  set_recipe_defaults
   set_voc_paths
   local checkpoint=${CHECKPOINT_PATH:-} export_path extra export_flags=()
   if [[ -z $checkpoint ]]; then

@@ -5,8 +5,8 @@
 set -euo pipefail
 
 SCRIPT_NAME=$(basename "$0")
-# shellcheck source-path=SCRIPTDIR source=common.sh
-source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# shellcheck source-path=SCRIPTDIR source=voc_recipe.sh
+source "$(dirname "${BASH_SOURCE[0]}")/voc_recipe.sh"
 
 maybe_usage "${1:-}" <<EOF
 Usage: $SCRIPT_NAME [extra deeplab-train flags]
@@ -67,7 +67,6 @@ fetch_init_checkpoint() {
 }
 
 main() {
-  set_recipe_defaults
   set_voc_paths
   if [[ -z ${TRAIN_SPLIT:-} ]]; then
     if compgen -G "$DATASET_DIR/train_aug-*.tfrecord" >/dev/null; then
@@ -89,21 +88,11 @@ main() {
     init=$(fetch_init_checkpoint "$INIT_CHECKPOINT_URL" "$WORK_DIR/init_models")
   fi
 
-  local flags extra
-  build_model_flags
-  flags=(
-    --dataset="$DATASET"
-    --dataset_dir="$DATASET_DIR"
-    --train_split="$TRAIN_SPLIT"
-    --train_logdir="$TRAIN_LOGDIR"
-    "${MODEL_FLAGS[@]}"
-    --train_crop_size="${TRAIN_CROP_SIZE:-513,513}"
-    --train_batch_size="$batch"
-    --num_clones="$clones"
-    --training_number_of_steps="$steps"
-    --base_learning_rate="${BASE_LEARNING_RATE:-0.007}"
-    --fine_tune_batch_norm="${FINE_TUNE_BATCH_NORM:-true}"
-  )
+  local extra
+  recipe_train_flags "$DATASET" "$DATASET_DIR" "$TRAIN_SPLIT" "$TRAIN_LOGDIR" \
+    16 0.007 true
+  local flags=("${TRAIN_FLAGS[@]}" --num_clones="$clones"
+    --training_number_of_steps="$steps")
   if [[ -n $init ]]; then
     flags+=(--tf_initial_checkpoint="$init")
   elif [[ -z $(latest_checkpoint "$TRAIN_LOGDIR") ]]; then

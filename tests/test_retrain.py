@@ -11,7 +11,10 @@ import sys
 
 import pytest
 
+from deeplab_train.retrain import data_folder
 from deeplab_train.retrain import policy
+from deeplab_train.retrain import records
+from deeplab_train.retrain import settings
 from deeplab_train.retrain import state
 
 FP = 'f' * 64        # a data fingerprint
@@ -118,8 +121,11 @@ def test_codes_are_not_taken_by_value():
 
 @pytest.mark.slow  # imports TensorFlow, through the trainer's runtime
 def test_policy_knows_the_trainers_statuses():
-  from deeplab_train.cli import retrain  # pylint: disable=g-import-not-at-top
-  codes = retrain.trainer_exit_codes()
+  # The trainer's own table (what cli/retrain.py hands the policy); the
+  # command module itself is not imported here: its flags mirror the cron
+  # script's variables and would clash with deeplab-train's in one process.
+  from deeplab_train.runtime import result  # pylint: disable=g-import-not-at-top
+  codes = result.EXIT_CODES
   assert set(policy.TRAINER_STATUSES) <= set(codes)
   assert policy.training_outcome(codes['locked'], codes, 'd').status == 'busy'
   assert policy.training_outcome(codes['ok'], codes, 'd') is None
@@ -144,7 +150,7 @@ def test_candidate_outcomes():
 # judge: promote, keep, or measure the current model first.
 # ---------------------------------------------------------------------------
 def _current(miou=0.75, step=100, fingerprint=FP):
-  return policy.CurrentModel(global_step=step, miou=miou,
+  return records.CurrentModel(global_step=step, miou=miou,
                              data_fingerprint=fingerprint)
 
 
@@ -221,21 +227,30 @@ def test_conclusion_of_a_kept_model_and_bad_verdicts():
 # Results and metrics.
 # ---------------------------------------------------------------------------
 def test_miou_of_eval_results():
-  assert policy.miou_of({'miou': 0.5, 'global_step': 3}, 'r.json') == 0.5
-  assert policy.miou_of({'miou': 1}, 'r.json') == 1.0
+  assert records.miou_of({'miou': 0.5, 'global_step': 3}, 'r.json') == 0.5
+  assert records.miou_of({'miou': 1}, 'r.json') == 1.0
   for bad in ({}, {'miou': None}, {'miou': 'high'}, {'miou': True},
               {'miou': float('nan')}, []):
     with pytest.raises(policy.RoundError, match='no numeric miou in r.json'):
-      policy.miou_of(bad, 'r.json')
+      records.miou_of(bad, 'r.json')
 
 
 def test_export_metrics_are_read_back():
-  metrics = policy.export_metrics(0.5, 12, FP, 'val', '2024-01-01T02:30:00')
+  metrics = records.export_metrics(0.5, 12, FP, 'val', '2024-01-01T02:30:00')
   assert list(metrics) == ['miou', 'global_step', 'data_fingerprint',
                            'eval_split', 'promoted_at']
-  assert policy.CurrentModel.from_metrics(metrics) == _current(0.5, 12)
-  assert policy.CurrentModel.from_metrics(
-      {'miou': 'x', 'global_step': '12'}) == policy.CurrentModel()
+  assert records.CurrentModel.from_metrics(metrics) == _current(0.5, 12)
+  assert records.CurrentModel.from_metrics(
+      {'miou': 'x', 'global_step': '12'}) == records.CurrentModel()
+
+
+def test_checkpoint_names():
+  assert records.checkpoint_step('/w/train/model.ckpt-1234') == 1234
+  assert records.checkpoint_step('/w/train/model.ckpt') == 0
+  assert records.checkpoint_step('') is None
+  assert records.checkpoint_state('/w/train/model.ckpt-7') == (
+      'model_checkpoint_path: "model.ckpt-7"\n'
+      'all_model_checkpoint_paths: "model.ckpt-7"\n')
 
 
 # ---------------------------------------------------------------------------
@@ -255,22 +270,22 @@ def test_to_prune_keeps_the_newest_and_the_protected():
 
 
 def test_summary_line():
-  line = policy.summary(0, 'kept', '/w/logs/cron-1.log', message='a "b" \\c',
+  line = records.summary(0, 'kept', '/w/logs/cron-1.log', message='a "b" \\c',
                         global_step=6, miou=0.25, current_miou=1.0)
   assert line == ('{"status": "kept", "exit_code": 0, "message": '
                   '"a \\"b\\" \\\\c", "log": "/w/logs/cron-1.log", '
                   '"global_step": 6, "miou": 0.25, "current_miou": 1.0}')
   assert '\n' not in line
   # An unexpected error has no message; facts not known are left out.
-  assert json.loads(policy.summary(1, 'failed', 'l')) == {
+  assert json.loads(records.summary(1, 'failed', 'l')) == {
       'status': 'failed', 'exit_code': 1, 'log': 'l'}
 
 
 def test_busy_rounds_leave_last_run_alone():
-  assert not policy.keeps_summary('busy')
+  assert not records.keeps_summary('busy')
   for status in ('promoted', 'kept', 'unchanged', 'rebuilt', 'nothing_to_do',
                  'failed'):
-    assert policy.keeps_summary(status)
+    assert records.keeps_summary(status)
 
 
 def test_script_exit_codes_agree_with_the_policy(repo_dir):
@@ -278,6 +293,99 @@ def test_script_exit_codes_agree_with_the_policy(repo_dir):
   codes = dict(re.findall(r'\b(EXIT_[A-Z_]+)=(\d+)', script))
   assert codes == {'EXIT_FAILURE': str(policy.EXIT_FAILURE),
                    'EXIT_BUSY': str(policy.EXIT_BUSY)}
+
+
+# ---------------------------------------------------------------------------
+# The script's settings and the data folder.
+# ---------------------------------------------------------------------------
+GOOD_SETTINGS = dict(DATA_DIR='d', WORK_DIR='w', NUM_CLASSES='21',
+                     IGNORE_LABEL='255', NUM_SHARDS='4', STEPS_PER_RUN='0',
+                     MAX_TOTAL_STEPS='1', MAX_RUN_SECONDS='14400',
+                     KEEP_EXPORTS='5', KEEP_LOGS='30',
+                     TRAIN_ONLY_ON_NEW_DATA='0', MIOU_MARGIN='.005')
+
+
+@pytest.mark.parametrize('name, value, message', [
+    ('DATA_DIR', '', '--data_dir (or DATA_DIR) is required (see -h)'),
+    ('WORK_DIR', '', '--work_dir (or WORK_DIR) is required (see -h)'),
+    ('NUM_SHARDS', '-1', "NUM_SHARDS must be a non-negative integer, got '-1'"),
+    ('KEEP_LOGS', '3.0', "KEEP_LOGS must be a non-negative integer, got '3.0'"),
+    ('MAX_TOTAL_STEPS', '0', 'MAX_TOTAL_STEPS must be at least 1'),
+    ('TRAIN_ONLY_ON_NEW_DATA', 'yes', 'TRAIN_ONLY_ON_NEW_DATA must be 0 or 1'),
+    ('MIOU_MARGIN', '-0.1', "--margin must be a non-negative number, got "
+     "'-0.1'"),
+    ('MIOU_MARGIN', '1e-3', "--margin must be a non-negative number, got "
+     "'1e-3'")])
+def test_bad_settings(name, value, message):
+  assert settings.problem(GOOD_SETTINGS) is None
+  assert settings.problem(dict(GOOD_SETTINGS, **{name: value})) == message
+  assert set(GOOD_SETTINGS) == set(settings.NAMES)
+
+
+def _voc_folder(root):
+  for sub in ('JPEGImages', 'SegmentationClass', 'ImageSets/Segmentation'):
+    (root / sub).mkdir(parents=True)
+  (root / 'JPEGImages' / 'a.jpg').write_bytes(b'jpeg')
+  (root / 'ImageSets/Segmentation/train.txt').write_text('a\n')
+  return data_folder.Layout('JPEGImages', 'SegmentationClass',
+                            'ImageSets/Segmentation', ('train', 'val'))
+
+
+def test_data_folder_problems(tmp_path):
+  root = tmp_path / 'data'
+  layout = _voc_folder(root)
+  assert data_folder.problem(str(root), layout) == (
+      '%s/ImageSets/Segmentation/val.txt is missing or empty' % root)
+  (root / 'ImageSets/Segmentation/val.txt').write_text('a\n')
+  assert data_folder.problem(str(root), layout) is None
+  (root / 'SegmentationClass').rmdir()
+  assert data_folder.problem(str(root), layout) == (
+      '%s/SegmentationClass is missing (expected VOC layout: JPEGImages, '
+      'SegmentationClass, ImageSets/Segmentation; see -h)' % root)
+  assert 'is not a folder' in data_folder.problem(str(tmp_path / 'x'), layout)
+
+
+def test_fingerprint_is_the_one_the_shell_computed(tmp_path):
+  # Rounds of earlier versions stored this shell pipeline's value: the same
+  # folder must keep its fingerprint, or an upgrade rebuilds and retrains.
+  root = tmp_path / 'data'
+  _voc_folder(root)
+  (root / '.hidden').write_text('x')
+  os.utime(root / '.hidden', ns=(0, 1_500_000_123))
+  (tmp_path / 'elsewhere').mkdir()
+  (tmp_path / 'elsewhere' / 'b.png').write_bytes(b'png!')
+  (root / 'SegmentationClass' / 'linked').symlink_to(tmp_path / 'elsewhere')
+  (root / 'dangling').symlink_to(tmp_path / 'nowhere')
+  conversion = ['JPEGImages', 'jpg', '21', '']
+  shell = subprocess.run(
+      ['bash', '-c', 'cd "$1" && shift && { find -L . -type f -printf '
+       '"%P\\t%s\\t%T@\\n" | LC_ALL=C sort; printf "settings\\t%s\\n" '
+       '"$@"; } | sha256sum | cut -d " " -f 1', 'fp', str(root)] + conversion,
+      capture_output=True, text=True, check=True).stdout.strip()
+  assert data_folder.fingerprint(str(root), conversion) == shell
+  assert data_folder.fingerprint(str(root), conversion[:3] + ['x']) != shell
+  (root / 'JPEGImages' / 'a.jpg').write_bytes(b'jpeg2')
+  assert data_folder.fingerprint(str(root), conversion) != shell
+
+
+def test_fingerprint_refuses_a_link_loop(tmp_path):
+  (tmp_path / 'loop').symlink_to(tmp_path)
+  with pytest.raises(policy.RoundError, match='symbolic link loop'):
+    data_folder.fingerprint(str(tmp_path), [])
+
+
+def test_names_in_lists_what_may_be_pruned(tmp_path):
+  for name in ('20240101-000000-step5', '20240102-000000-step9', '.tmp-x'):
+    (tmp_path / name).mkdir()
+  (tmp_path / 'current').symlink_to('20240102-000000-step9')
+  (tmp_path / 'cron-1.log').write_text('')
+  (tmp_path / 'cron-2.log').mkdir()
+  assert sorted(state.names_in(tmp_path, '[0-9]*-step*', state.FOLDERS)) == [
+      '20240101-000000-step5', '20240102-000000-step9']
+  assert state.names_in(tmp_path, 'cron-*.log', state.FILES) == ['cron-1.log']
+  assert sorted(state.names_in(tmp_path, '*', state.ANY)) == [
+      '20240101-000000-step5', '20240102-000000-step9', 'cron-1.log',
+      'cron-2.log', 'current']
 
 
 # ---------------------------------------------------------------------------
@@ -301,7 +409,7 @@ def test_current_model_is_read_through_the_link(tmp_path):
   with pytest.raises(policy.RoundError, match='metrics.json is missing'):
     state.read_current_model(str(link))
   state.write_metrics(str(export / 'metrics.json'),
-                      policy.export_metrics(0.5, 5, FP, 'val', 'now'))
+                      records.export_metrics(0.5, 5, FP, 'val', 'now'))
   assert state.read_current_model(str(link)) == _current(0.5, 5)
   with pytest.raises(policy.RoundError, match='deeplab-eval wrote no'):
     state.read_miou(str(tmp_path / 'absent.json'))
@@ -342,3 +450,68 @@ def test_command_summary_writes_last_run_unless_busy(tmp_path):
   assert json.loads(last_run.read_text()) == json.loads(proc.stdout) == {
       'status': 'promoted', 'exit_code': 0, 'message': 'm', 'log': 'l',
       'global_step': 2, 'miou': 0.125}
+
+
+def test_command_checks_settings():
+  proc = _ask('check', '--', *('%s=%s' % kv for kv in GOOD_SETTINGS.items()))
+  assert (proc.returncode, proc.stdout) == (0, ''), proc.stderr
+  proc = _ask('check', '--', 'WORK_DIR=w', 'MIOU_MARGIN=x=y')
+  assert proc.stdout == 'problem=--data_dir (or DATA_DIR) is required ' \
+      '(see -h)\n'
+
+
+def test_command_plans_a_round(tmp_path):
+  data = tmp_path / 'data'
+  _voc_folder(data)
+  (data / 'ImageSets/Segmentation/val.txt').write_text('a\n')
+  logs = tmp_path / 'logs'
+  logs.mkdir()
+  for i in (1, 2, 3):
+    (logs / ('cron-2024010%d.log' % i)).write_text('')
+  flags = ['--state_dir', tmp_path, '--data_dir', data,
+           '--image_subdir=JPEGImages', '--label_subdir=SegmentationClass',
+           '--list_subdir=ImageSets/Segmentation', '--train_split=train',
+           '--eval_split=val', '--image_format=jpg', '--dataset_name=d',
+           '--num_classes=21', '--ignore_label=255', '--num_shards=4',
+           '--records', tmp_path / 'tfrecord', '--steps_per_run=5',
+           '--max_total_steps=100', '--log_folder', logs,
+           '--log_file', logs / 'cron-20240103.log', '--keep_logs=1']
+  fingerprint = data_folder.fingerprint(str(data), [
+      'JPEGImages', 'SegmentationClass', 'ImageSets/Segmentation', 'jpg', 'd',
+      '21', '255', '4', ''])
+  proc = _ask('plan', '--checkpoint=/w/train/model.ckpt-98', *flags)
+  assert proc.returncode == 0, proc.stderr
+  removed = [str(logs / ('cron-2024010%d.log' % i)) for i in (2, 1)]
+  assert proc.stdout.splitlines() == [
+      'log=removing old %s' % removed[0], 'remove=%s' % removed[0],
+      'log=removing old %s' % removed[1], 'remove=%s' % removed[1],
+      'round.fingerprint=%s' % fingerprint, 'round.checkpoint_step=98',
+      'build=1', 'train_steps=2']
+  # A data folder without its lists ends the round (after the log pruning).
+  (data / 'ImageSets/Segmentation/val.txt').unlink()
+  proc = _ask('plan', *flags)
+  assert proc.stdout.splitlines()[-3:] == [
+      'exit_code=1', 'status=failed',
+      'message=%s/ImageSets/Segmentation/val.txt is missing or empty' % data]
+
+
+def test_command_candidate_and_conclusion(tmp_path):
+  exports = tmp_path / 'exports'
+  for name in ('20240101-000000-step2', '20240102-000000-step4'):
+    (exports / name).mkdir(parents=True)
+  round_flags = ['--state_dir', tmp_path, '--fingerprint', FP]
+  proc = _ask('candidate', '--checkpoint=/w/train/model.ckpt-4',
+              '--trainer_logdir=/w/train', *round_flags)
+  assert proc.stdout.splitlines() == ['round.checkpoint_step=4',
+                                      'summary.global_step=4']
+  proc = _ask('conclude', '--checkpoint_step=4', '--verdict=promote',
+              '--message=m', '--export=20240102-000000-step4',
+              '--exports_dir', exports, '--keep_exports=1', *round_flags)
+  old = exports / '20240101-000000-step2'
+  assert proc.stdout.splitlines() == [
+      'log=removing old %s' % old, 'remove=%s' % old, 'exit_code=0',
+      'status=promoted', 'message=m: exports/current -> 20240102-000000-step4']
+  # The same checkpoint on the same data is not judged twice.
+  proc = _ask('candidate', '--checkpoint=/w/train/model.ckpt-4',
+              '--trainer_logdir=/w/train', *round_flags)
+  assert proc.stdout.splitlines()[-3:-1] == ['exit_code=0', 'status=unchanged']

@@ -17,8 +17,8 @@ import fake_voc
 
 SHELL_SCRIPTS = sorted(p.name for p in fake_voc.SCRIPTS.glob('*.sh'))
 OWN_SCRIPTS = ('download_and_convert_voc2012.sh', 'train_voc.sh',
-               'eval_voc.sh', 'vis_voc.sh', 'export_voc.sh', 'local_test.sh',
-               'cron_retrain.sh')
+               'eval_voc.sh', 'vis_voc.sh', 'export_voc.sh', 'demo.sh',
+               'local_test.sh', 'cron_retrain.sh')
 
 
 # ---------------------------------------------------------------------------
@@ -27,7 +27,8 @@ OWN_SCRIPTS = ('download_and_convert_voc2012.sh', 'train_voc.sh',
 def test_shellcheck_clean():
   if shutil.which('shellcheck') is None:
     pytest.skip('shellcheck is not installed (apt-get install shellcheck)')
-  scripts = [str(fake_voc.SCRIPTS / n) for n in OWN_SCRIPTS + ('common.sh',)]
+  scripts = [str(fake_voc.SCRIPTS / n)
+             for n in OWN_SCRIPTS + ('common.sh', 'voc_recipe.sh')]
   proc = subprocess.run(['shellcheck', '-x'] + scripts, capture_output=True,
                         text=True, check=False)
   assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -152,6 +153,99 @@ def test_mobilenet_recipe_flags(tmp_path):
     assert flag in args
 
 
+# A deeplab-* stand-in: appends its command line to $RECORD and writes what
+# the next step reads (dataset.json, a checkpoint and its config, an mIoU).
+_STUB = r"""#!/bin/sh
+echo "$(basename "$0") $*" >> "$RECORD"
+for arg in "$@"; do
+  value=${arg#*=}
+  case $arg in
+    --output_dir=*) mkdir -p "$value"; echo '{}' > "$value/dataset.json" ;;
+    --train_logdir=*)
+      mkdir -p "$value"; : > "$value/model.ckpt-5.index"
+      echo '{}' > "$value/deeplab_config.json"
+      echo 'model_checkpoint_path: "model.ckpt-5"' > "$value/checkpoint" ;;
+    --eval_result_json=*) echo '{"miou": 0.75}' > "$value" ;;
+  esac
+done
+"""
+
+
+def _run_demo(tmp_path, *args, **env):
+  """Runs demo.sh with deeplab-* stubs; returns (proc, {command: argv})."""
+  stubs = tmp_path / 'stubs'
+  stubs.mkdir(exist_ok=True)
+  for command in ('deeplab-build-data', 'deeplab-train', 'deeplab-eval',
+                  'deeplab-vis', 'deeplab-export'):
+    (stubs / command).write_text(_STUB)
+    (stubs / command).chmod(0o755)
+  record = tmp_path / 'commands.txt'
+  full_env = fake_voc.script_env(RECORD=record, **env)
+  for name in fake_voc.TINY_MODEL_ENV:   # the demo's own settings
+    del full_env[name]
+  full_env['PATH'] = '%s:%s' % (stubs, full_env['PATH'])
+  proc = fake_voc.run_script('demo.sh', *args, env=full_env)
+  commands = {}
+  if record.exists():
+    for line in record.read_text().splitlines():
+      command, *argv = line.split(' ')
+      commands[command] = argv
+  return proc, commands
+
+
+def test_demo_runs_the_voc_scripts_with_its_settings(tmp_path):
+  work = tmp_path / 'demo'
+  proc, commands = _run_demo(tmp_path, WORK=work)
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  data = fake_voc.SAMPLE
+  expected = {
+      'deeplab-build-data': [
+          '--image_folder=%s/JPEGImages' % data, '--image_format=jpg',
+          '--semantic_segmentation_folder=%s/SegmentationClass' % data,
+          '--num_shards=4', '--num_classes=5', '--colormap=pascal',
+          '--class_names=background,red_disk,green_striped_square,'
+          'blue_dotted_triangle,yellow_ring'],
+      'deeplab-train': [
+          '--train_logdir=%s/train' % work, '--dataset=shapes',
+          '--dataset_dir=%s/tfrecord' % work, '--train_split=train',
+          '--model_variant=mobilenet_v2', '--depth_multiplier=0.5',
+          '--output_stride=16', '--train_crop_size=129,129',
+          '--train_batch_size=8', '--min_scale_factor=0.5',
+          '--max_scale_factor=1.5', '--base_learning_rate=0.02',
+          '--training_number_of_steps=3000', '--log_steps=100',
+          '--save_interval_secs=120', '--fine_tune_batch_norm=true',
+          '--result_json=%s/train_result.json' % work],
+      'deeplab-eval': [
+          '--checkpoint_dir=%s/train' % work, '--dataset=shapes',
+          '--eval_split=val', '--eval_logdir=%s/eval' % work,
+          '--eval_result_json=%s/eval_result.json' % work],
+      'deeplab-vis': [
+          '--checkpoint_dir=%s/train' % work, '--vis_split=val',
+          '--vis_logdir=%s/vis' % work, '--max_number_of_images=6',
+          '--also_save_raw_predictions=true'],
+      'deeplab-export': [
+          '--checkpoint_path=%s/train/model.ckpt-5' % work,
+          '--export_path=%s/export/frozen_inference_graph.pb' % work,
+          '--saved_model_dir=%s/export/saved_model' % work,
+          '--crop_size=257,257']}
+  for command, flags in expected.items():
+    missing = [f for f in flags if f not in commands[command]]
+    assert not missing, (command, missing, commands[command])
+  # The sample's name wins over the VOC converter's (the last flag counts).
+  names = [a for a in commands['deeplab-build-data']
+           if a.startswith('--dataset_name=')]
+  assert names[-1] == '--dataset_name=shapes'
+
+  # Eval and vis pad each image; the saved config gives the model.
+  for command in ('deeplab-eval', 'deeplab-vis', 'deeplab-export'):
+    assert not [a for a in commands[command]
+                if a.startswith(('--eval_crop', '--vis_crop', '--model'))]
+  assert 'val mIoU 0.75 (demo target >= 0.7)' in proc.stdout
+  proc, _ = _run_demo(tmp_path, WORK=work, MIN_MIOU=0.8)
+  assert proc.returncode == 1
+  assert 'demo: mIoU below 0.8' in proc.stderr
+
+
 # ---------------------------------------------------------------------------
 # download_and_convert_voc2012.sh
 # ---------------------------------------------------------------------------
@@ -220,15 +314,11 @@ def test_voc_pipeline_end_to_end(tmp_path):
   splits, md5 = fake_voc.make_voc_tarball(tarball, num_train=6, num_val=3)
   work = tmp_path / 'pascal_voc_seg'
 
-  # A custom tarball without a checksum is used, with a warning.
-  url_work = tmp_path / 'from_url'
-  proc = _convert(url_work, 'file://%s' % tarball)
+  # Downloaded (a file:// URL), verified, extracted and converted.
+  url = 'file://%s' % tarball
+  proc = _convert(work, '--checksum', md5, url)
   assert proc.returncode == 0, fake_voc.describe(proc)
-  assert 'unverified' in proc.stderr
-  assert (url_work / 'fake_VOCtrainval.tar').is_file()
-
-  proc = _convert(work, '--checksum', md5, tarball)
-  assert proc.returncode == 0, fake_voc.describe(proc)
+  assert (work / 'fake_VOCtrainval.tar').is_file()
   info = _dataset_json(work / 'tfrecord')
   assert info['name'] == 'pascal_voc_seg' and info['num_classes'] == 21
   assert info['splits_to_sizes'] == {'train': 6, 'val': 3, 'trainval': 9}
@@ -238,10 +328,16 @@ def test_voc_pipeline_end_to_end(tmp_path):
                     'val-00000-of-00001.tfrecord']
   before = {p: p.stat().st_mtime_ns for p in (work / 'tfrecord').iterdir()}
 
-  # local_test.sh on the same work dir: the conversion is skipped, then
-  # train, eval, vis and export run on the tiny model.
-  env = fake_voc.script_env(WORK_DIR=work, VOC_SOURCE=tarball, CHECKSUM=md5,
-                            TRAIN_STEPS=3, TRAIN_SPLIT='train')
+  # A custom tarball without a checksum is used, with a warning (the
+  # records built from it above are kept: nothing else changed).
+  proc = _convert(work, url)
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  assert 'unverified' in proc.stderr
+
+  # local_test.sh (demo.sh --quick) on the same work dir: the conversion is
+  # skipped, then train, eval, vis and export run on the tiny model.
+  env = fake_voc.script_env(WORK_DIR=work, VOC_SOURCE=url, CHECKSUM=md5,
+                            TRAIN_STEPS=1, TRAIN_SPLIT='train')
   proc = fake_voc.run_script('local_test.sh', env=env)
   assert proc.returncode == 0, fake_voc.describe(proc)
   for step in ('verify', 'extract', 'lists', 'tfrecord'):
@@ -251,10 +347,11 @@ def test_voc_pipeline_end_to_end(tmp_path):
           for p in (work / 'tfrecord').iterdir()} == before
 
   exp = work / 'exp' / 'mobilenet_v2'
-  assert (exp / 'train' / 'model.ckpt-3.index').is_file()
+  assert (exp / 'train' / 'model.ckpt-1.index').is_file()
   result = json.loads((exp / 'eval' / 'eval_result.json').read_text())
-  assert result['global_step'] == 3 and result['num_images'] == 3
+  assert result['global_step'] == 1 and result['num_images'] == 3
   assert 0.0 <= result['miou'] <= 1.0
+  assert 'val mIoU %s' % result['miou'] in proc.stdout
   pictures = list((exp / 'vis').rglob('*.png'))
   assert len(pictures) >= len(splits['val'])
   frozen = exp / 'export' / 'frozen_inference_graph.pb'
@@ -276,7 +373,7 @@ class Cron:
     self.current = self.work / 'exports' / 'current'
 
   def run(self, **env):
-    settings = dict(STEPS_PER_RUN=2, KEEP_EXPORTS=1, DATASET_NAME='shapes',
+    settings = dict(STEPS_PER_RUN=1, KEEP_EXPORTS=1, DATASET_NAME='shapes',
                     NUM_CLASSES=5)
     settings.update(env)
     proc = fake_voc.run_script(
@@ -310,29 +407,29 @@ def _assert_rule_followed(summary, margin, before, cron):
 def test_cron_retrain_rounds(tmp_path):
   cron = Cron(tmp_path)
 
-  # 1: first round builds, trains 2 steps, evaluates and promotes.
+  # 1: first round builds, trains 1 step, evaluates and promotes.
   proc, summary = cron.run()
   assert proc.returncode == 0, fake_voc.describe(proc)
-  assert summary['status'] == 'promoted' and summary['global_step'] == 2
+  assert summary['status'] == 'promoted' and summary['global_step'] == 1
   first = cron.current_target()
-  assert first.endswith('-step2')
+  assert first.endswith('-step1')
   export = cron.current
   assert (export / 'frozen_inference_graph.pb').stat().st_size > 0
   assert (export / 'saved_model' / 'saved_model.pb').is_file()
-  assert (export / 'checkpoint' / 'model.ckpt-2.index').is_file()
-  assert cron.metrics()['global_step'] == 2
+  assert (export / 'checkpoint' / 'model.ckpt-1.index').is_file()
+  assert cron.metrics()['global_step'] == 1
   assert cron.metrics()['miou'] == pytest.approx(summary['miou'])
   assert json.loads((cron.work / 'last_run.json').read_text()) == summary
   records = os.readlink(cron.work / 'tfrecord')
 
-  # 2: new data -> rebuilt TFRecords, 2 more steps from the checkpoint, the
+  # 2: new data -> rebuilt TFRecords, 1 more step from the checkpoint, the
   # current model re-measured on the new data, then the margin rule.
   fake_voc.copy_pair(fake_voc.sample_ids('val', 4)[3], cron.data)
   with open(cron.data / 'ImageSets' / 'Segmentation' / 'val.txt', 'a') as f:
     f.write(fake_voc.sample_ids('val', 4)[3] + '\n')
   proc, summary = cron.run(MIOU_MARGIN=0.005)
   assert proc.returncode == 0, fake_voc.describe(proc)
-  assert summary['global_step'] == 4
+  assert summary['global_step'] == 2
   assert os.readlink(cron.work / 'tfrecord') != records
   assert 're-evaluating' in cron.log_of(summary)
   _assert_rule_followed(summary, 0.005, first, cron)
@@ -349,7 +446,7 @@ def test_cron_retrain_rounds(tmp_path):
   (cron.current / 'metrics.json').write_text(json.dumps(metrics))
   proc, summary = cron.run(MIOU_MARGIN=0.005)
   assert proc.returncode == 0, fake_voc.describe(proc)
-  assert summary['status'] == 'kept' and summary['global_step'] == 6
+  assert summary['status'] == 'kept' and summary['global_step'] == 3
   assert cron.current_target() == second
 
   # 4: data unchanged, training only on new data: nothing to do.

@@ -1,86 +1,114 @@
 """python -m deeplab_train.retrain: the decisions of one retraining round.
 
-    python -m deeplab_train.retrain SUBCOMMAND --flag=value ...
+    python -m deeplab_train.retrain QUESTION --flag=value ...
 
-scripts/cron_retrain.sh runs the commands of a round (docs/cron.md) and asks
-this command what to do between them; the rules are in
-deeplab_train/retrain/policy.py. Each subcommand prints its answer on
-stdout, one key=value per line:
+scripts/cron_retrain.sh runs the commands of a round, moves the files and
+holds the lock (docs/cron.md); it asks this command everything else, in
+this order: check, plan, [built], candidate, judge (twice when the current
+model is measured again), [describe_export], conclude, and summary at the
+end. The rules are in deeplab_train/retrain. Each question prints its
+answer on stdout, one key=value per line:
 
   exit_code, status, message  the round ends here (the script prints the
                               summary and exits with exit_code)
-  summary.KEY                 a fact for the round's JSON summary
+  round.KEY, summary.KEY      a fact the script passes back as --KEY=VALUE
+                              with every later question; summary.* facts
+                              are also in the round's JSON summary
   log                         a line for the round's log
+  remove                      a path the script deletes (old logs, exports,
+                              records)
   anything else               the decision, as listed below
 
-Subcommands (and the flags each needs; --checkpoint_step is left out when
-there is no checkpoint):
-  plan       build=0|1 and train_steps=N, or the end (nothing to do).
-             --state_dir --fingerprint [--checkpoint_step] --records_ready
-             --steps_per_run --max_total_steps [--train_only_on_new_data]
-  record     stores --fingerprint as the data the TFRecords were built
-             from (--stage=built) or the trainer last saw (--stage=trained).
-             --state_dir --fingerprint --stage
-  trainer    the end when deeplab-train exited with --trainer_exit_code
-             (read through the trainer's EXIT_CODES, in
-             deeplab_train/runtime/result.py; imports TensorFlow).
-             --trainer_exit_code --trainer_logdir
-  candidate  summary.global_step, and the end unless the latest checkpoint
-             is to be judged. --state_dir --fingerprint [--checkpoint_step]
-             [--trained] --trainer_logdir
+Questions (and the flags each needs, besides the facts):
+  check      problem=MESSAGE for the first bad setting among the NAME=VALUE
+             arguments (after --; settings.NAMES), nothing when all are fine.
+  plan       removes old logs; checks the data folder; round.fingerprint,
+             round.checkpoint_step, build=0|1 and train_steps=N, or the end
+             (nothing to do, or a bad data folder). --state_dir --data_dir
+             --image_subdir --label_subdir --list_subdir --train_split
+             --eval_split --image_format --dataset_name --num_classes
+             --ignore_label --num_shards [--build_extra_flags] --records
+             [--checkpoint] --steps_per_run --max_total_steps
+             [--train_only_on_new_data] --log_folder --log_file --keep_logs
+  built      stores --fingerprint as the data the TFRecords in use were
+             built from; removes the other records. --state_dir
+             --records_dir --records_in_use
+  candidate  after training (--trainer_exit_code, read through the trainer's
+             EXIT_CODES in deeplab_train/runtime/result.py) or without it:
+             round.checkpoint_step and summary.global_step of --checkpoint,
+             and the end unless it is to be judged. --state_dir [--checkpoint]
+             [--trainer_exit_code] --trainer_logdir
   judge      action=promote|keep|reevaluate and message, from the new
              checkpoint's eval result and the current export's metrics.json
              (or --current_result, after action=reevaluate).
-             --fingerprint --checkpoint_step --new_result --current_export
-             --margin --split [--current_result]
-  metrics    writes --out, the metrics.json of a new export.
-             --out --new_result --checkpoint_step --fingerprint --split
-  conclude   records the verdict on the checkpoint; the end (promoted or
-             kept). --state_dir --fingerprint --checkpoint_step
-             --verdict=promote|keep --message [--export]
-  prune      remove=NAME for each NAME argument (after --) beyond the
-             newest --keep, never --protect. --keep [--protect]
+             --checkpoint_step --new_result --current_export --margin
+             --split [--current_result]
+  describe_export  writes metrics.json and checkpoint/checkpoint into the
+             new export --export_dir. --checkpoint --new_result --split
+  conclude   records the verdict on the checkpoint; removes old exports
+             after a promotion; the end (promoted or kept). --state_dir
+             --checkpoint_step --verdict=promote|keep --message [--export
+             --exports_dir --keep_exports]
   summary    prints the round's JSON line, and writes it to --last_run
              unless the round was busy. --exit_code --status --log_file
              [--message --last_run --global_step --miou --current_miou]
+The facts: --fingerprint, --checkpoint_step, --global_step, --miou,
+--current_miou.
 
 Exit codes: 0 answered (the answer may be that the round failed), 1
-unexpected error, 2 bad flags or subcommand.
+unexpected error, 2 bad flags or question.
 """
+import os
 import sys
 
 from absl import flags
 from absl import logging
 
 from deeplab_train.cli import app
+from deeplab_train.retrain import data_folder
 from deeplab_train.retrain import policy
+from deeplab_train.retrain import records
+from deeplab_train.retrain import settings
 from deeplab_train.retrain import state
 
 FLAGS = flags.FLAGS
 COMMAND = 'python -m deeplab_train.retrain'
 
-# The round.
+# The round's facts.
 flags.DEFINE_string('state_dir', None, "The work folder's state/.")
 flags.DEFINE_string('fingerprint', None, "The data folder's fingerprint.")
 flags.DEFINE_integer('checkpoint_step', None, 'Global step of the latest '
                      'checkpoint; unset when there is none.', lower_bound=0)
-# plan
-flags.DEFINE_boolean('records_ready', None,
-                     'Whether the TFRecords in use exist (dataset.json).')
+flags.DEFINE_string('checkpoint', None, 'The latest checkpoint prefix; '
+                    'unset or empty when there is none.')
+# plan: the data folder and its conversion settings, each named after the
+# script's variable (--image_subdir is IMAGE_SUBDIR); passed as the strings
+# the script has, since the fingerprint hashes them as they are.
+DATA_SETTINGS = ('data_dir', 'image_subdir', 'label_subdir', 'list_subdir',
+                 'train_split', 'eval_split', 'image_format', 'dataset_name',
+                 'num_classes', 'ignore_label', 'num_shards')
+for _name in DATA_SETTINGS:
+  flags.DEFINE_string(_name, None, _name.upper() + '.')
+flags.DEFINE_string('build_extra_flags', '', 'BUILD_EXTRA_FLAGS.')
+# plan: records, budget, logs.
+flags.DEFINE_string('records', None, 'The TFRecords in use (the tfrecord '
+                    'link).')
 flags.DEFINE_integer('steps_per_run', None, 'STEPS_PER_RUN.', lower_bound=0)
 flags.DEFINE_integer('max_total_steps', None, 'MAX_TOTAL_STEPS.',
                      lower_bound=1)
 flags.DEFINE_boolean('train_only_on_new_data', False,
                      'TRAIN_ONLY_ON_NEW_DATA.')
-# record
-flags.DEFINE_enum('stage', None, ['built', 'trained'],
-                  'What --fingerprint is stored as.')
-# trainer, candidate
+flags.DEFINE_string('log_folder', None, 'LOG_DIR.')
+flags.DEFINE_integer('keep_logs', None, 'KEEP_LOGS.', lower_bound=0)
+# built
+flags.DEFINE_string('records_dir', None, 'The tfrecords/ folder.')
+flags.DEFINE_string('records_in_use', None,
+                    'The folder of tfrecords/ the tfrecord link points to.')
+# candidate
 flags.DEFINE_integer('trainer_exit_code', None,
-                     "deeplab-train's exit status.")
+                     "deeplab-train's exit status, when the round trained.")
 flags.DEFINE_string('trainer_logdir', None, "deeplab-train's logdir.")
-flags.DEFINE_boolean('trained', False, 'Whether the round ran deeplab-train.')
-# judge, metrics
+# judge, describe_export
 flags.DEFINE_string('new_result', None,
                     "deeplab-eval's result JSON for the new checkpoint.")
 flags.DEFINE_string('current_result', None,
@@ -90,16 +118,14 @@ flags.DEFINE_string('current_export', None, 'The exports/current symlink.')
 flags.DEFINE_float('margin', None, 'MIOU_MARGIN: the mIoU drop allowed.',
                    lower_bound=0.0)
 flags.DEFINE_string('split', None, 'The split the mIoU was measured on.')
-flags.DEFINE_string('out', None, 'The metrics.json to write.')
+flags.DEFINE_string('export_dir', None, 'The new export folder.')
 # conclude
 flags.DEFINE_enum('verdict', None, [policy.PROMOTE, policy.KEEP],
                   'What was done with the checkpoint.')
 flags.DEFINE_string('export', None,
                     'The export exports/current points to after promotion.')
-# prune
-flags.DEFINE_integer('keep', None, 'How many of the newest names to keep.',
-                     lower_bound=0)
-flags.DEFINE_string('protect', None, 'A name never removed.')
+flags.DEFINE_string('exports_dir', None, 'The exports/ folder.')
+flags.DEFINE_integer('keep_exports', None, 'KEEP_EXPORTS.', lower_bound=0)
 # summary (and conclude's --message)
 flags.DEFINE_integer('exit_code', None, "The round's exit code.")
 flags.DEFINE_string('status', None, "The round's status word.")
@@ -118,16 +144,52 @@ def _end(outcome):
           ('message', outcome.message)]
 
 
-def _budget():
-  return policy.Budget(steps_per_run=FLAGS.steps_per_run,
-                       max_total_steps=FLAGS.max_total_steps,
-                       only_on_new_data=FLAGS.train_only_on_new_data)
+def _removals(answer, folder, names, keep, protected):
+  """Answers `remove` (and logs it) for the names to_prune() chooses."""
+  for name in policy.to_prune(names, keep, protected):
+    path = os.path.join(folder, name)
+    answer.extend([('log', 'removing old %s' % path), ('remove', path)])
+
+
+def _check(answer, args):
+  values = dict(arg.partition('=')[::2] for arg in args)
+  problem = settings.problem(values)
+  if problem:
+    answer.append(('problem', problem))
+
+
+def _data_layout():
+  return data_folder.Layout(
+      image_subdir=FLAGS.image_subdir, label_subdir=FLAGS.label_subdir,
+      list_subdir=FLAGS.list_subdir,
+      splits=(FLAGS.train_split, FLAGS.eval_split))
+
+
+def _fingerprint():
+  """The data folder's fingerprint, with the script's conversion settings."""
+  return data_folder.fingerprint(FLAGS.data_dir, (
+      FLAGS.image_subdir, FLAGS.label_subdir, FLAGS.list_subdir,
+      FLAGS.image_format, FLAGS.dataset_name, FLAGS.num_classes,
+      FLAGS.ignore_label, FLAGS.num_shards, FLAGS.build_extra_flags))
 
 
 def _plan(answer, unused_args):
-  decision = policy.plan_round(FLAGS.fingerprint, FLAGS.records_ready,
-                               FLAGS.checkpoint_step,
-                               state.load(FLAGS.state_dir), _budget())
+  _removals(answer, FLAGS.log_folder,
+            state.names_in(FLAGS.log_folder, 'cron-*.log', state.FILES),
+            FLAGS.keep_logs, os.path.basename(FLAGS.log_file))
+  problem = data_folder.problem(FLAGS.data_dir, _data_layout())
+  if problem:
+    raise policy.RoundError(problem)
+  fingerprint = _fingerprint()
+  step = records.checkpoint_step(FLAGS.checkpoint)
+  answer.append(('round.fingerprint', fingerprint))
+  if step is not None:
+    answer.append(('round.checkpoint_step', step))
+  budget = policy.Budget(steps_per_run=FLAGS.steps_per_run,
+                         max_total_steps=FLAGS.max_total_steps,
+                         only_on_new_data=FLAGS.train_only_on_new_data)
+  decision = policy.plan_round(fingerprint, state.records_ready(FLAGS.records),
+                               step, state.load(FLAGS.state_dir), budget)
   if isinstance(decision, policy.Outcome):
     answer.extend(_end(decision))
   else:
@@ -135,32 +197,38 @@ def _plan(answer, unused_args):
                    ('train_steps', decision.train_steps)])
 
 
-def _record(unused_answer, unused_args):
-  name = {'built': state.BUILT, 'trained': state.TRAINED}[FLAGS.stage]
-  state.record(FLAGS.state_dir, name, FLAGS.fingerprint)
+def _built(answer, unused_args):
+  state.record(FLAGS.state_dir, state.BUILT, FLAGS.fingerprint)
+  # Only the records in use are kept (older ones, and any left by a round
+  # killed between their rename and the switch of the link).
+  _removals(answer, FLAGS.records_dir,
+            state.names_in(FLAGS.records_dir, '*', state.ANY), 0,
+            FLAGS.records_in_use)
 
 
 def trainer_exit_codes():
   """deeplab-train's exit code of each status, from the trainer itself."""
-  # Imported here, not at the top: it imports TensorFlow, which takes
-  # seconds, and the script asks only when training failed.
+  # Imported here, not at the top: only a failed training needs it.
   from deeplab_train.runtime import result  # pylint: disable=g-import-not-at-top
   return result.EXIT_CODES
 
 
-def _trainer(answer, unused_args):
-  outcome = policy.training_outcome(FLAGS.trainer_exit_code,
-                                    trainer_exit_codes(), FLAGS.trainer_logdir)
-  if outcome is not None:
-    answer.extend(_end(outcome))
-
-
 def _candidate(answer, unused_args):
-  if FLAGS.checkpoint_step is not None:
-    answer.append(('summary.global_step', FLAGS.checkpoint_step))
+  trained = FLAGS.trainer_exit_code is not None
+  if trained:
+    outcome = policy.training_outcome(
+        FLAGS.trainer_exit_code, trainer_exit_codes(), FLAGS.trainer_logdir)
+    if outcome is not None:
+      answer.extend(_end(outcome))
+      return
+    state.record(FLAGS.state_dir, state.TRAINED, FLAGS.fingerprint)
+  step = records.checkpoint_step(FLAGS.checkpoint)
+  if step is not None:
+    answer.extend([('round.checkpoint_step', step),
+                   ('summary.global_step', step)])
   outcome = policy.candidate_outcome(
-      FLAGS.checkpoint_step, FLAGS.fingerprint, state.load(FLAGS.state_dir),
-      FLAGS.trained, FLAGS.trainer_logdir)
+      step, FLAGS.fingerprint, state.load(FLAGS.state_dir), trained,
+      FLAGS.trainer_logdir)
   if outcome is not None:
     answer.extend(_end(outcome))
 
@@ -186,32 +254,37 @@ def _judge(answer, unused_args):
   answer.extend([('action', verdict.action), ('message', verdict.message)])
 
 
-def _metrics(unused_answer, unused_args):
-  metrics = policy.export_metrics(
-      state.read_miou(FLAGS.new_result), FLAGS.checkpoint_step,
-      FLAGS.fingerprint, FLAGS.split, state.now_iso())
-  state.write_metrics(FLAGS.out, metrics)
+def _describe_export(unused_answer, unused_args):
+  metrics = records.export_metrics(
+      state.read_miou(FLAGS.new_result),
+      records.checkpoint_step(FLAGS.checkpoint), FLAGS.fingerprint,
+      FLAGS.split, state.now_iso())
+  state.write_metrics(os.path.join(FLAGS.export_dir, 'metrics.json'), metrics)
+  state.write_checkpoint_state(os.path.join(FLAGS.export_dir, 'checkpoint'),
+                               FLAGS.checkpoint)
 
 
 def _conclude(answer, unused_args):
-  if FLAGS.verdict == policy.PROMOTE and not FLAGS.export:
-    raise policy.RoundError('conclude --verdict=promote needs --export')
+  if FLAGS.verdict == policy.PROMOTE:
+    if not (FLAGS.export and FLAGS.exports_dir
+            and FLAGS.keep_exports is not None):
+      raise policy.RoundError('conclude --verdict=promote needs --export, '
+                              '--exports_dir and --keep_exports')
+    _removals(answer, FLAGS.exports_dir,
+              state.names_in(FLAGS.exports_dir, '[0-9]*-step*',
+                             state.FOLDERS),
+              FLAGS.keep_exports, FLAGS.export)
   state.record_decision(FLAGS.state_dir, FLAGS.checkpoint_step,
                         FLAGS.fingerprint)
   answer.extend(_end(policy.conclusion(FLAGS.verdict, FLAGS.message,
                                        FLAGS.export)))
 
 
-def _prune(answer, names):
-  for name in policy.to_prune(names, FLAGS.keep, FLAGS.protect or None):
-    answer.append(('remove', name))
-
-
 def _summary(unused_answer, unused_args):
-  line = policy.summary(FLAGS.exit_code, FLAGS.status, FLAGS.log_file,
-                        message=FLAGS.message, global_step=FLAGS.global_step,
-                        miou=FLAGS.miou, current_miou=FLAGS.current_miou)
-  if FLAGS.last_run and policy.keeps_summary(FLAGS.status):
+  line = records.summary(FLAGS.exit_code, FLAGS.status, FLAGS.log_file,
+                         message=FLAGS.message, global_step=FLAGS.global_step,
+                         miou=FLAGS.miou, current_miou=FLAGS.current_miou)
+  if FLAGS.last_run and records.keeps_summary(FLAGS.status):
     try:
       state.write_summary(FLAGS.last_run, line)
     except OSError as e:
@@ -221,30 +294,32 @@ def _summary(unused_answer, unused_args):
 
 
 # name -> (handler(answer, args), the flags it needs, whether it takes args)
-_SUBCOMMANDS = {
-    'plan': (_plan, ('state_dir', 'fingerprint', 'records_ready',
-                     'steps_per_run', 'max_total_steps'), False),
-    'record': (_record, ('state_dir', 'fingerprint', 'stage'), False),
-    'trainer': (_trainer, ('trainer_exit_code', 'trainer_logdir'), False),
+_QUESTIONS = {
+    'check': (_check, (), True),
+    'plan': (_plan, ('state_dir',) + DATA_SETTINGS + (
+        'records', 'steps_per_run', 'max_total_steps', 'log_folder',
+        'log_file', 'keep_logs'), False),
+    'built': (_built, ('state_dir', 'fingerprint', 'records_dir',
+                       'records_in_use'), False),
     'candidate': (_candidate, ('state_dir', 'fingerprint', 'trainer_logdir'),
                   False),
     'judge': (_judge, ('fingerprint', 'checkpoint_step', 'new_result',
                        'current_export', 'margin', 'split'), False),
-    'metrics': (_metrics, ('out', 'new_result', 'checkpoint_step',
-                           'fingerprint', 'split'), False),
+    'describe_export': (_describe_export, ('export_dir', 'checkpoint',
+                                           'new_result', 'fingerprint',
+                                           'split'), False),
     'conclude': (_conclude, ('state_dir', 'fingerprint', 'checkpoint_step',
                              'verdict', 'message'), False),
-    'prune': (_prune, ('keep',), True),
     'summary': (_summary, ('exit_code', 'status', 'log_file'), False),
 }
 
 
 def _usage_problem(argv):
-  """What is wrong with the subcommand and its flags, or None."""
-  if len(argv) < 2 or argv[1] not in _SUBCOMMANDS:
-    return 'expected a subcommand (%s), got %s' % (
-        ', '.join(_SUBCOMMANDS), ' '.join(argv[1:2]) or 'none')
-  _, required, takes_args = _SUBCOMMANDS[argv[1]]
+  """What is wrong with the question and its flags, or None."""
+  if len(argv) < 2 or argv[1] not in _QUESTIONS:
+    return 'expected a question (%s), got %s' % (
+        ', '.join(_QUESTIONS), ' '.join(argv[1:2]) or 'none')
+  _, required, takes_args = _QUESTIONS[argv[1]]
   missing = ['--' + name for name in required if FLAGS[name].value is None]
   if missing:
     return '%s needs %s' % (argv[1], ' '.join(missing))
@@ -264,7 +339,7 @@ def main(argv):
   if problem:
     sys.stderr.write('%s: %s (see --help)\n' % (COMMAND, problem))
     return app.EXIT_BAD_INPUT
-  handler = _SUBCOMMANDS[argv[1]][0]
+  handler = _QUESTIONS[argv[1]][0]
   answer = []
   try:
     handler(answer, argv[2:])

@@ -11,14 +11,16 @@ tested without training anything:
                      through the trainer's own exit-code table
   candidate_outcome  whether there is a new checkpoint to judge
   judge              promote, keep, or first re-measure the current model
-  summary            the JSON line a round ends with
+  conclusion         how a round that judged a checkpoint ends
+  to_prune           which old exports, logs or records go
 
-state.py reads and writes the files these decisions need, and
-deeplab_train/cli/retrain.py answers the script's questions with them.
+records.py holds what a round writes down (eval results, an export's
+metrics.json, the JSON summary), settings.py the checks of the script's
+settings, data_folder.py the data folder's check and fingerprint, state.py
+the files; deeplab_train/cli/retrain.py answers the script's questions with
+them.
 """
 import dataclasses
-import json
-import math
 from typing import Optional
 
 # The round's exit codes: its contract with cron (docs/cron.md).
@@ -235,50 +237,6 @@ def candidate_outcome(checkpoint_step, fingerprint, state, trained,
   return None
 
 
-def miou_of(result, source):
-  """The mIoU of a deeplab-eval result (its --eval_result_json).
-
-  Args:
-    result: the parsed JSON.
-    source: where it was read, for the message.
-
-  Returns:
-    The mIoU, a float.
-
-  Raises:
-    RoundError: when there is no finite number under `miou`.
-  """
-  value = result.get('miou') if isinstance(result, dict) else None
-  if (isinstance(value, bool) or not isinstance(value, (int, float))
-      or not math.isfinite(value)):
-    raise RoundError("no numeric miou in %s (got '%s')"
-                     % (source, '' if value is None else value))
-  return float(value)
-
-
-@dataclasses.dataclass(frozen=True)
-class CurrentModel:
-  """The promoted model, as its export's metrics.json describes it."""
-  global_step: Optional[int] = None
-  miou: Optional[float] = None
-  data_fingerprint: Optional[str] = None
-
-  @classmethod
-  def from_metrics(cls, metrics):
-    """Reads export_metrics(); missing or malformed values become None."""
-    step, miou = metrics.get('global_step'), metrics.get('miou')
-    fingerprint = metrics.get('data_fingerprint')
-    try:
-      miou = miou_of(metrics, 'metrics.json')
-    except RoundError:
-      miou = None
-    return cls(
-        global_step=(step if isinstance(step, int)
-                     and not isinstance(step, bool) else None),
-        miou=miou,
-        data_fingerprint=fingerprint if isinstance(fingerprint, str) else None)
-
-
 @dataclasses.dataclass(frozen=True)
 class Verdict:
   """judge()'s answer.
@@ -312,8 +270,8 @@ def judge(new_miou, step, fingerprint, current, margin,
     new_miou: the new checkpoint's mIoU on the eval split.
     step: the new checkpoint's global step.
     fingerprint: the data fingerprint the new mIoU was measured on.
-    current: CurrentModel of exports/current, None when nothing was
-      promoted yet.
+    current: records.CurrentModel of exports/current, None when nothing
+      was promoted yet.
     margin: the mIoU drop allowed (MIOU_MARGIN, --margin).
     remeasured_miou: the current model's mIoU measured in this round, when
       an earlier verdict asked for it.
@@ -367,20 +325,6 @@ def conclusion(verdict_action, message, export_name=None):
                    % (PROMOTE, KEEP, verdict_action))
 
 
-def export_metrics(miou, step, fingerprint, eval_split, promoted_at):
-  """The metrics.json saved with an export (read back as a CurrentModel).
-
-  Args:
-    miou: the checkpoint's mIoU.
-    step: its global step.
-    fingerprint: the data fingerprint the mIoU was measured on.
-    eval_split: the split it was measured on.
-    promoted_at: ISO 8601 time of the promotion.
-  """
-  return {'miou': miou, 'global_step': step, 'data_fingerprint': fingerprint,
-          'eval_split': eval_split, 'promoted_at': promoted_at}
-
-
 def to_prune(names, keep, protected=None):
   """The names to remove so that the newest `keep` are left.
 
@@ -396,39 +340,3 @@ def to_prune(names, keep, protected=None):
   """
   newest_first = sorted(names, reverse=True)
   return [n for n in newest_first[keep:] if n != protected]
-
-
-def keeps_summary(status):
-  """Whether a round's summary replaces last_run.json.
-
-  A busy round must not overwrite the summary of the round holding the lock.
-  """
-  return status != BUSY
-
-
-def summary(exit_code, status, log, message=None, global_step=None,
-            miou=None, current_miou=None):
-  """The JSON line a round ends with (also written to last_run.json).
-
-  Args:
-    exit_code: the round's exit code.
-    status: its status word.
-    log: path of its log file.
-    message: what happened, or None (an unexpected error).
-    global_step: the checkpoint judged, if the round got that far.
-    miou: its mIoU, if measured.
-    current_miou: the current model's mIoU it was compared with, if it was.
-
-  Returns:
-    One line of JSON, without the newline: status, exit_code, message, log,
-    then the facts known, in this order.
-  """
-  fields = {'status': status, 'exit_code': exit_code}
-  if message is not None:
-    fields['message'] = message
-  fields['log'] = log
-  for key, value in (('global_step', global_step), ('miou', miou),
-                     ('current_miou', current_miou)):
-    if value is not None:
-      fields[key] = value
-  return json.dumps(fields)

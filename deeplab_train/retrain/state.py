@@ -9,14 +9,19 @@ The work folder's state/ holds what earlier rounds did (docs/cron.md):
 
 Each is written under a temp name and renamed, so that a killed round
 leaves the old value or the new one. The rules that use them are in
-policy.py.
+policy.py. Here too: reading the eval results and the current export's
+metrics.json, writing a new export's metrics.json and checkpoint state and
+the round's summary, and listing what may be pruned (old logs, exports and
+records).
 """
 import datetime
+import fnmatch
 import json
 import os
 
 from deeplab_train import atomic
 from deeplab_train.retrain import policy
+from deeplab_train.retrain import records
 
 BUILT = 'built.fingerprint'
 TRAINED = 'trained.fingerprint'
@@ -76,11 +81,11 @@ def read_miou(result_path):
     policy.RoundError: when there is none.
   """
   result = read_json(result_path, 'deeplab-eval wrote no %s' % result_path)
-  return policy.miou_of(result, result_path)
+  return records.miou_of(result, result_path)
 
 
 def read_current_model(current_link):
-  """The policy.CurrentModel of exports/current, None before the first.
+  """The records.CurrentModel of exports/current, None before the first.
 
   Raises:
     policy.RoundError: when its metrics.json cannot be read.
@@ -92,7 +97,7 @@ def read_current_model(current_link):
                       'complete export (see docs/cron.md)' % path)
   if not isinstance(metrics, dict):
     raise policy.RoundError('%s is not a JSON object' % path)
-  return policy.CurrentModel.from_metrics(metrics)
+  return records.CurrentModel.from_metrics(metrics)
 
 
 def now_iso():
@@ -101,8 +106,48 @@ def now_iso():
 
 
 def write_metrics(path, metrics):
-  """Writes an export's metrics.json (one line, in policy's key order)."""
+  """Writes an export's metrics.json (one line, in records' key order)."""
   atomic.write_bytes(path, (json.dumps(metrics) + '\n').encode('utf-8'))
+
+
+def write_checkpoint_state(folder, checkpoint):
+  """Writes folder/checkpoint, naming the copy of `checkpoint` in `folder`."""
+  atomic.write_bytes(os.path.join(folder, 'checkpoint'),
+                     records.checkpoint_state(checkpoint).encode('utf-8'))
+
+
+def records_ready(records_dir):
+  """Whether the TFRecords in use are complete (their dataset.json)."""
+  return os.path.isfile(os.path.join(records_dir, 'dataset.json'))
+
+
+# What `names_in` lists: regular files, folders, or any entry.
+FILES, FOLDERS, ANY = 'files', 'folders', 'any'
+
+
+def names_in(folder, pattern, kind):
+  """The names in `folder` matching the glob `pattern`, of one kind.
+
+  Links are not followed (exports/current is a link, not an export).
+
+  Args:
+    folder: the folder.
+    pattern: a shell glob on the name ('cron-*.log'); like the shell's,
+      a `*` or `?` does not match a leading dot.
+    kind: FILES, FOLDERS or ANY.
+  """
+  names = []
+  with os.scandir(folder) as entries:
+    for entry in entries:
+      if entry.name.startswith('.') and not pattern.startswith('.'):
+        continue
+      if not fnmatch.fnmatchcase(entry.name, pattern):
+        continue
+      if ((kind == FILES and not entry.is_file(follow_symlinks=False))
+          or (kind == FOLDERS and not entry.is_dir(follow_symlinks=False))):
+        continue
+      names.append(entry.name)
+  return names
 
 
 def write_summary(path, line):

@@ -1,0 +1,44 @@
+"""The checks of cron_retrain.sh's settings, before a round starts.
+
+The script takes each setting from its option or environment variable (its
+usage text lists them with their defaults) and asks `problem()` about them
+before it opens a log: a bad setting stops it with one line on stderr and
+exit status 1, and nothing is written.
+"""
+import re
+
+# (variable, option) of the settings without a default.
+REQUIRED = (('DATA_DIR', '--data_dir'), ('WORK_DIR', '--work_dir'))
+# Settings that are counts (non-negative integers).
+COUNTS = ('NUM_CLASSES', 'IGNORE_LABEL', 'NUM_SHARDS', 'STEPS_PER_RUN',
+          'MAX_TOTAL_STEPS', 'MAX_RUN_SECONDS', 'KEEP_EXPORTS', 'KEEP_LOGS')
+# Every setting checked here: the script passes these.
+NAMES = tuple(name for name, _ in REQUIRED) + COUNTS + (
+    'TRAIN_ONLY_ON_NEW_DATA', 'MIOU_MARGIN')
+
+
+def problem(settings):
+  """What is wrong with the settings, or None.
+
+  Args:
+    settings: {variable name: value as the script has it (a string)}.
+
+  Returns:
+    The message for the first bad setting (it names the variable, or the
+    option as well), or None when all are fine.
+  """
+  for name, option in REQUIRED:
+    if not settings.get(name):
+      return '%s (or %s) is required (see -h)' % (option, name)
+  for name in COUNTS:
+    value = settings.get(name, '')
+    if not re.fullmatch('[0-9]+', value):
+      return "%s must be a non-negative integer, got '%s'" % (name, value)
+  if int(settings['MAX_TOTAL_STEPS']) < 1:
+    return 'MAX_TOTAL_STEPS must be at least 1'
+  if settings.get('TRAIN_ONLY_ON_NEW_DATA') not in ('0', '1'):
+    return 'TRAIN_ONLY_ON_NEW_DATA must be 0 or 1'
+  margin = settings.get('MIOU_MARGIN', '')
+  if not re.fullmatch(r'[0-9]*\.?[0-9]+', margin):
+    return "--margin must be a non-negative number, got '%s'" % margin
+  return None
