@@ -1,6 +1,6 @@
 # Two entry points that do all the set-up on a fresh machine with only python3:
-#   make demo   build TFRecords from data/ (then train, eval, vis, export as those land)
-#   make test   run the test suite
+#   make demo   build TFRecords from data/, train, eval, vis and export on them
+#   make test   run the test suite, spread over every core (pytest-xdist)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -20,7 +20,7 @@ demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist worksteal $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_input.py
