@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from deeplab_train import config
 from deeplab_train.config import ConfigError
 from deeplab_train.data import datasets
 
@@ -74,6 +75,18 @@ def test_bad_dataset_json_names_the_file(tmp_path, payload, match):
   with pytest.raises(ConfigError, match=match) as error:
     datasets.load_dataset_info('x', str(tmp_path))
   assert 'dataset.json' in str(error.value)
+
+
+@pytest.mark.parametrize('payload', ['{not json', '{"model_options": {}}'])
+def test_bad_run_config_names_the_file(tmp_path, payload):
+  # Braces in the folder name stay as they are (not option references).
+  logdir = tmp_path / '{run.1}'
+  logdir.mkdir()
+  (logdir / config.RUN_CONFIG_FILENAME).write_text(payload)
+  with pytest.raises(ConfigError, match='is not a valid deeplab config') as e:
+    config.load_run_config(str(logdir))
+  assert str(e.value).startswith(str(logdir / config.RUN_CONFIG_FILENAME))
+  assert config.load_run_config(str(tmp_path)) is None  # no file: no config
 
 
 def test_ade20k_names_one_per_class():

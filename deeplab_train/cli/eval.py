@@ -15,7 +15,6 @@ Prints a per-class table and, last, one JSON line; writes the same JSON to
 summaries to EVAL_LOGDIR. Exit codes: 0 ok, 2 bad input, 1 unexpected error.
 """
 import dataclasses
-import logging
 import os
 
 from absl import flags
@@ -144,10 +143,8 @@ def run_eval(job):
       on_result=print_result)
 
 
-def main(argv):
-  logging.getLogger().setLevel(logging.INFO)
-  return app.run_body(COMMAND, argv, lambda: run_eval(options_from_flags()),
-                      flag_names=FLAG_NAMES)
+main = inference_flags.main_for(
+    COMMAND, lambda: run_eval(options_from_flags()), FLAG_NAMES)
 
 
 def run():

@@ -15,7 +15,6 @@ network, with the original export's defaults (--num_classes=21,
 1 unexpected error.
 """
 import dataclasses
-import logging
 import os
 from typing import Optional
 
@@ -133,9 +132,7 @@ def _export():
   app.print_result('ok', **run_export(options_from_flags()))
 
 
-def main(argv):
-  logging.getLogger().setLevel(logging.INFO)
-  return app.run_body(COMMAND, argv, _export, flag_names=FLAG_NAMES)
+main = inference_flags.main_for(COMMAND, _export, FLAG_NAMES)
 
 
 def run():

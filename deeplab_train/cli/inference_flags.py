@@ -4,6 +4,7 @@ The original scripts each defined these (same names and meanings); here they
 are defined once so the three command modules can be imported together, plus
 the helpers that turn them into the library's option dataclasses.
 """
+import logging
 
 from absl import flags
 
@@ -63,6 +64,15 @@ def preprocess_options(saved_preprocess):
   """PreprocessOptions with the (reconciled) resize values; no crop."""
   return config.PreprocessOptions(
       crop_size=None, **common_flags.resize_values(saved_preprocess)).validate()
+
+
+def main_for(command, body, flag_names):
+  """absl's main(argv) of an inference command: INFO logging, then body()
+  in the command shell (exit codes, the result line, flag names)."""
+  def main(argv):
+    logging.getLogger().setLevel(logging.INFO)
+    return app.run_body(command, argv, body, flag_names=flag_names)
+  return main
 
 
 def run_app(command, main, doc, module_name):

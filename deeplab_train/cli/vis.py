@@ -172,9 +172,7 @@ def _vis():
                    vis_logdir=job.vis_logdir)
 
 
-def main(argv):
-  logging.getLogger().setLevel(logging.INFO)
-  return app.run_body(COMMAND, argv, _vis, flag_names=FLAG_NAMES)
+main = inference_flags.main_for(COMMAND, _vis, FLAG_NAMES)
 
 
 def run():

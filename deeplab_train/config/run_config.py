@@ -1,15 +1,17 @@
 """The model config saved beside the checkpoints: written by deeplab-train,
 read by deeplab-eval, deeplab-vis and deeplab-export so that they build the
 network that was trained."""
-import json
 import os
 
 from deeplab_train import atomic
 from deeplab_train.config.data import PreprocessOptions
 from deeplab_train.config.errors import ConfigError
 from deeplab_train.config.model import ModelOptions
+from deeplab_train.config.serialize import read_json_file
 
 RUN_CONFIG_FILENAME = 'deeplab_config.json'
+_INVALID = ('%s is not a valid deeplab config (%s); delete it and pass the '
+            'model flags instead')
 
 
 def save_run_config(logdir, model_options, preprocess_options, dataset):
@@ -47,14 +49,12 @@ def load_run_config(logdir_or_file):
   path = logdir_or_file
   if os.path.isdir(path):
     path = os.path.join(path, RUN_CONFIG_FILENAME)
-  if not os.path.isfile(path):
+  payload = read_json_file(path, _INVALID)
+  if payload is None:
     return None
   try:
-    with open(path) as f:
-      payload = json.load(f)
     return (ModelOptions.from_dict(payload['model_options']),
             PreprocessOptions.from_dict(payload['preprocess_options']),
             payload['dataset'])
   except (ValueError, KeyError, TypeError) as e:
-    raise ConfigError('%s is not a valid deeplab config (%s); delete it and '
-                      'pass the model flags instead' % (path, e)) from None
+    raise ConfigError(_INVALID, path, e) from None

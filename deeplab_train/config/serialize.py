@@ -1,8 +1,29 @@
 """JSON round trips of the flat frozen option dataclasses."""
 import dataclasses
 import json
+import os
 
 from deeplab_train.config.errors import ConfigError
+
+
+def read_json_file(path, invalid):
+  """The JSON value in the file `path`, or None when there is no such file.
+
+  Args:
+    path: the file.
+    invalid: the message for a file that cannot be read as JSON, with two
+      %s: the path and the reason.
+
+  Raises:
+    ConfigError: the file exists but is not JSON.
+  """
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise ConfigError(invalid, path, e) from None
 
 
 def tuple_or_none(value, cast=int):

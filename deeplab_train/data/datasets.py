@@ -14,13 +14,13 @@ table, so a converted copy of PASCAL with a different split list is described
 by what was actually converted.
 """
 import dataclasses
-import json
 import logging
 import os
 from typing import Dict, Optional, Tuple, Union
 
 from deeplab_train import atomic
 from deeplab_train.config import ConfigError
+from deeplab_train.config.serialize import read_json_file
 from deeplab_train.data import colormap as colormap_lib
 
 DATASET_JSON = 'dataset.json'
@@ -198,14 +198,9 @@ def read_dataset_json(dataset_dir):
     ConfigError: the file exists but is not a valid descriptor.
   """
   path = os.path.join(dataset_dir, DATASET_JSON)
-  if not os.path.isfile(path):
+  payload = read_json_file(path, '%s is not valid JSON (%s); fix or delete it')
+  if payload is None:
     return None
-  try:
-    with open(path) as f:
-      payload = json.load(f)
-  except (OSError, ValueError) as e:
-    raise ConfigError('%s is not valid JSON (%s); fix or delete it'
-                      % (path, e)) from None
   return DatasetInfo.from_dict(payload, source=path)
 
 
