@@ -86,3 +86,19 @@ def test_adam_uses_its_own_constant_rate():
   assert optimizer._lr == 0.003 and optimizer._epsilon == 1e-6  # pylint: disable=protected-access
   with pytest.raises(config.ConfigError, match='optimizer'):
     config.TrainOptions(optimizer='sgd').validate()
+
+
+def test_slow_start_over_the_whole_run_warns_and_keeps_the_slow_rate(caplog):
+  """The original accepted a slow start as long as the run (or longer)."""
+  options = config.TrainOptions(
+      learning_policy='poly', base_learning_rate=0.01,
+      training_number_of_steps=100, slow_start_step=100,
+      slow_start_learning_rate=1e-4).validate()
+  with caplog.at_level('WARNING'):
+    rates = _rates(options)
+  assert 'the whole run trains at slow_start_learning_rate' in caplog.text
+  below = [r for s, r in zip(STEPS, rates) if s < 100]
+  np.testing.assert_allclose(below, 1e-4, rtol=1e-6)
+  assert np.all(np.isfinite(rates))
+  with pytest.raises(config.ConfigError, match='slow_start_step must be >= 0'):
+    config.TrainOptions(slow_start_step=-1).validate()

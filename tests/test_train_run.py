@@ -218,3 +218,29 @@ def test_loss_falls_when_overfitting_sample_images(tmp_path):
   assert result.status == 'ok' and result.global_step == 40
   assert len(losses) == 40
   assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5]), losses
+
+
+@pytest.mark.parametrize('damage', ['missing', 'garbage', 'names_gone'])
+def test_lost_checkpoint_state_resumes_from_the_newest_complete_checkpoint(
+    tmp_path, damage, caplog):
+  assert _train(tmp_path, steps=3).global_step == 3
+  state = tmp_path / 'checkpoint'
+  if damage == 'missing':
+    state.unlink()
+  elif damage == 'garbage':
+    state.write_bytes(b'\xff\x00 not a state file')
+  else:  # names a checkpoint whose files were deleted
+    state.write_text('model_checkpoint_path: "%s"\n' % (tmp_path /
+                                                        'model.ckpt-9'))
+  # A checkpoint missing its data file is not complete: not resumed from.
+  (tmp_path / 'model.ckpt-7.index').write_bytes(b'')
+  first = (tmp_path / 'model.ckpt-0.index').read_bytes()
+  with caplog.at_level('WARNING'):
+    result = _train(tmp_path, steps=5)
+  assert result.status == 'ok' and result.global_step == 5
+  assert sorted(int(p.name[len('model.ckpt-'):-len('.index')])
+                for p in tmp_path.glob('model.ckpt-*.index')) == [0, 3, 5, 7]
+  # Resumed at 3 (no new step-0 checkpoint over the old one).
+  assert (tmp_path / 'model.ckpt-0.index').read_bytes() == first
+  assert 'resuming from the newest complete checkpoint on disk' in caplog.text
+  assert tf.train.latest_checkpoint(str(tmp_path)).endswith('model.ckpt-5')

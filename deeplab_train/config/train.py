@@ -123,10 +123,11 @@ class TrainOptions(JsonMixin):
           '{TrainOptions.base_learning_rate} must be >= 0')
     check(self.training_number_of_steps >= 1,
           '{TrainOptions.training_number_of_steps} must be >= 1')
-    check(0 <= self.slow_start_step < self.training_number_of_steps,
-          '{TrainOptions.slow_start_step}=%d must be >= 0 and smaller than '
-          '{TrainOptions.training_number_of_steps}=%d'
-          % (self.slow_start_step, self.training_number_of_steps))
+    # slow_start_step >= training_number_of_steps is allowed (the original
+    # allowed it: the whole run at the slow-start rate); the schedule warns.
+    check(self.slow_start_step >= 0,
+          '{TrainOptions.slow_start_step} must be >= 0, got %d'
+          % self.slow_start_step)
     check(self.learning_rate_decay_step >= 1,
           '{TrainOptions.learning_rate_decay_step} must be >= 1')
     check(self.decay_steps >= 0, '{TrainOptions.decay_steps} must be >= 0 '

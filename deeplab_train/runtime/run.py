@@ -25,6 +25,7 @@ import tensorflow.compat.v1 as tf
 from deeplab_train import config
 from deeplab_train.config import errors
 from deeplab_train.data import pipeline
+from deeplab_train.runtime import checkpoint_state
 from deeplab_train.runtime import cluster as cluster_lib
 from deeplab_train.runtime import hooks as hooks_lib
 from deeplab_train.runtime import lock as lock_lib
@@ -375,7 +376,8 @@ def _check_cluster_run(run_options):
 def _starting_point(train_options, run_options):
   """(latest logdir checkpoint or None, its step, init checkpoint or None)."""
   logdir = run_options.train_logdir
-  latest = tf.train.latest_checkpoint(logdir)
+  # Never start over on top of checkpoints whose state file was lost.
+  latest = checkpoint_state.repair(logdir)
   step = checkpoint_step(latest) if latest else 0
   init = None
   if train_options.tf_initial_checkpoint:

@@ -14,6 +14,7 @@ and before `slow_start_step` the rate is `slow_start_learning_rate`. Because
 the rate is a function of the global step only, a resumed run continues the
 same schedule.
 """
+import logging
 import math
 
 import tensorflow.compat.v1 as tf
@@ -38,8 +39,16 @@ def learning_rate(global_step, options):
   with tf.name_scope('learning_rate'):
     step = tf.cast(global_step, tf.float32)
     s = tf.maximum(step - options.slow_start_step, 0.0)
-    horizon = float(options.decay_steps or (
-        options.training_number_of_steps - options.slow_start_step))
+    if options.slow_start_step >= options.training_number_of_steps:
+      logging.warning(
+          'slow_start_step=%d is not below training_number_of_steps=%d: the '
+          'whole run trains at slow_start_learning_rate=%g',
+          options.slow_start_step, options.training_number_of_steps,
+          options.slow_start_learning_rate)
+    # At least one step: the rate after a slow start that never ends is
+    # never used, but must not divide by 0.
+    horizon = float(options.decay_steps or max(
+        options.training_number_of_steps - options.slow_start_step, 1))
     base = options.base_learning_rate
     progress = tf.minimum(s, horizon) / horizon
     # (horizon - s) is exact in float32, so the rate reaches exactly 0 (a
