@@ -1,5 +1,6 @@
 """deeplab-build-data: layouts, validation errors, shards, dataset.json, CLI,
 and the committed sample data."""
+import errno
 import io
 import json
 import os
@@ -129,6 +130,42 @@ def test_rebuild_with_fewer_shards_removes_the_old_ones(tmp_path):
   build_voc(images, labels, lists, out, OPTIONS)
   assert sorted(f for f in os.listdir(out) if f.endswith('.tfrecord')) == [
       'train-00000-of-00002.tfrecord', 'train-00001-of-00002.tfrecord']
+
+
+def _snapshot(folder):
+  """{file name: bytes} of every file in `folder` (hidden ones included)."""
+  out = {}
+  for name in sorted(os.listdir(folder)):
+    with open(os.path.join(folder, name), 'rb') as f:
+      out[name] = f.read()
+  return out
+
+
+@pytest.mark.parametrize('fault', ['bad_val_label', 'disk_full'])
+def test_failed_rebuild_leaves_the_old_build_as_it_was(tmp_path, monkeypatch,
+                                                       fault):
+  good = voc(tmp_path / 'good', {'train': common.tiny_pairs(20, 4, prefix='tr'),
+                                 'val': common.tiny_pairs(21, 2, prefix='va')})
+  out = str(tmp_path / 'out')
+  build_voc(*good, out, build.BuildOptions(num_classes=4, num_shards=3))
+  before = _snapshot(out)
+  val = common.tiny_pairs(23, 2, prefix='va')
+  if fault == 'bad_val_label':
+    val[1][2][0, 0] = 9
+  new = voc(tmp_path / 'new', {'train': common.tiny_pairs(22, 5, prefix='tr'),
+                               'val': val})
+  if fault == 'disk_full':
+    write_shard = build._write_shard
+
+    def full_on_val(entries, temp_path, options, stop):
+      if 'val-' in temp_path:
+        raise OSError(errno.ENOSPC, 'No space left on device', temp_path)
+      write_shard(entries, temp_path, options, stop)
+    monkeypatch.setattr(build, '_write_shard', full_on_val)
+  # Train is converted first (and would be complete) before val fails.
+  with pytest.raises((build.DataError, OSError)):
+    build_voc(*new, out, OPTIONS)
+  assert _snapshot(out) == before  # byte-identical, no temp files left
 
 
 def test_rgb_colour_labels_are_converted_to_ids(tmp_path):

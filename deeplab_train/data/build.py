@@ -7,7 +7,9 @@ The conversion behind deeplab-build-data, in four modules:
   build_examples  reads, validates and encodes one pair
   build           (this module) writes the shards and dataset.json
 
-Shards are written under hidden temp names and renamed only when complete;
+A build is all or nothing: every split's shards and the new dataset.json are
+written under hidden temp names, and renamed into place only when all are
+complete, so a bad file or a full disk leaves the previous build as it was.
 dataset.json keeps the union of the splits converted into one folder.
 """
 import concurrent.futures
@@ -51,24 +53,22 @@ def _shard_ranges(num_items, num_shards):
 
 
 def write_split(entries, split, output_dir, options):
-  """Converts `entries` into `options.num_shards` shards of `split`.
+  """Converts `entries` into `options.num_shards` shards of `split`, under
+  hidden temp names (never matched by the `{split}-*` reader glob).
 
   Shards are contiguous slices of `entries` (as the original converter),
-  converted in parallel threads, written under temp names and renamed once
-  all are complete. Old shards of the split with another shard count are
-  removed afterwards.
+  converted in parallel threads.
 
   Returns:
-    The number of records written.
+    [(temp path, final path)] of the shards; the caller renames them into
+    place (`_switch`) or removes them.
 
   Raises:
-    DataError: the first invalid pair (nothing is renamed into place).
+    DataError: the first invalid pair (the temp files are removed).
   """
-  os.makedirs(output_dir, exist_ok=True)
   n = options.num_shards
   finals = [os.path.join(output_dir, tfrecord.shard_filename(split, i, n))
             for i in range(n)]
-  # Hidden temp names: never matched by the `{split}-*` reader glob.
   temps = [atomic.temp_name(p) for p in finals]
   workers = options.num_workers or min(n, os.cpu_count() or 1)
   stop = threading.Event()
@@ -83,22 +83,30 @@ def write_split(entries, split, output_dir, options):
       except BaseException:
         stop.set()
         raise
-    for temp, final in zip(temps, finals):
-      os.replace(temp, final)
-  finally:
-    for temp in temps:
-      if os.path.exists(temp):
-        os.remove(temp)
-  _remove_stale_shards(output_dir, split, set(finals))
-  return len(entries)
+  except BaseException:
+    _remove(temps)
+    raise
+  return list(zip(temps, finals))
 
 
-def _remove_stale_shards(output_dir, split, keep):
-  for path in tfrecord.list_split_files(output_dir, split):
-    parsed = tfrecord.parse_shard_filename(path)
-    if parsed and parsed[0] == split and path not in keep:
-      _log.info('removing stale shard %s', path)
+def _remove(paths):
+  for path in paths:
+    if os.path.exists(path):
       os.remove(path)
+
+
+def _switch(written, splits):
+  """Renames every written shard into place, then removes the shards of
+  the same splits that the new build did not write (another shard count)."""
+  for temp, final in written:
+    os.replace(temp, final)
+  keep = {final for _, final in written}
+  for output_dir, split in splits:
+    for path in tfrecord.list_split_files(output_dir, split):
+      parsed = tfrecord.parse_shard_filename(path)
+      if parsed and parsed[0] == split and path not in keep:
+        _log.info('removing stale shard %s', path)
+        os.remove(path)
 
 
 # ---------------------------------------------------------------------------
@@ -153,15 +161,26 @@ def convert(splits_to_entries, output_dir, options):
   existing = (datasets.read_dataset_json(output_dir)
               if os.path.isdir(output_dir) else None)
   _check_existing(existing, options, json_path)
-  sizes = {}
-  for split, entries in splits_to_entries.items():
-    if not entries:
-      raise ConfigError('split %r has no images', split)
-    _log.info('converting %d images of split %r into %d shards',
-              len(entries), split, options.num_shards)
-    sizes[split] = write_split(entries, split, output_dir, options)
-  info = dataset_info_for(options, sizes, existing)
-  datasets.write_dataset_json(output_dir, info)
+  os.makedirs(output_dir, exist_ok=True)
+  # All or nothing: every split is written under temp names first; the old
+  # build (shards and dataset.json) stays as it was until all of them and
+  # the new dataset.json are complete, then everything is renamed in.
+  sizes, written = {}, []
+  try:
+    for split, entries in splits_to_entries.items():
+      if not entries:
+        raise ConfigError('split %r has no images', split)
+      _log.info('converting %d images of split %r into %d shards',
+                len(entries), split, options.num_shards)
+      written += write_split(entries, split, output_dir, options)
+      sizes[split] = len(entries)
+    info = dataset_info_for(options, sizes, existing)
+    info.validate(json_path)
+    with atomic.writing(json_path) as temp_json:
+      atomic.write_json(temp_json, info.to_dict())
+      _switch(written, [(output_dir, split) for split in sizes])
+  finally:
+    _remove([temp for temp, _ in written])
   return info
 
 
