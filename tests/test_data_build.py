@@ -168,6 +168,40 @@ def test_failed_rebuild_leaves_the_old_build_as_it_was(tmp_path, monkeypatch,
   assert _snapshot(out) == before  # byte-identical, no temp files left
 
 
+def test_non_utf8_list_line_is_named(tmp_path):
+  images, labels, lists = voc(tmp_path, {'train': common.tiny_pairs(24, 2)})
+  with open(os.path.join(lists, 'train.txt'), 'ab') as f:
+    f.write(b'caf\xe9\n')  # Latin-1, not UTF-8
+  with pytest.raises(build.DataError,
+                     match=r'train.txt line 3 is not UTF-8 text'):
+    build_voc(images, labels, lists, str(tmp_path / 'out'), OPTIONS)
+
+
+def test_non_utf8_file_name_is_named(tmp_path):
+  images, labels, _ = voc(tmp_path, {'train': common.tiny_pairs(25, 2)})
+  bad = os.fsdecode(b'caf\xe9.png')
+  os.rename(os.path.join(images, 'img_00.png'), os.path.join(images, bad))
+  with pytest.raises(build.DataError,
+                     match=r"file name 'caf\\udce9.png' is not UTF-8"):
+    build.build_generic(images, labels, 'train', str(tmp_path / 'out'),
+                        OPTIONS)
+
+
+def test_repeated_ids_are_converted_once_with_a_warning(tmp_path, caplog):
+  pairs = common.tiny_pairs(26, 3)
+  images, labels, lists = voc(tmp_path, {'train': pairs})
+  with open(os.path.join(lists, 'train.txt'), 'a') as f:
+    f.write('img_01\nimg_00\n')
+  out = str(tmp_path / 'out')
+  with caplog.at_level('WARNING'):
+    info = build_voc(images, labels, lists, out, OPTIONS)
+  assert info.splits_to_sizes == {'train': 3}
+  assert 'lists 2 id(s) more than once (img_00, img_01)' in caplog.text
+  names = [r[0]['image/filename'].bytes_list.value[0]
+           for r in all_records(out, 'train', 2)]
+  assert names == [b'img_00', b'img_01', b'img_02']
+
+
 def test_rgb_colour_labels_are_converted_to_ids(tmp_path):
   pairs = common.tiny_pairs(7, 2)
   pairs[0][2][:2, :] = 255  # VOC's ignore colour (224, 224, 192)

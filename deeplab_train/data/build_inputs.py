@@ -11,7 +11,9 @@ Two layouts are read:
 Everything is listed and checked (folders, lists, each listed file) before
 anything is converted; the missing files of a list are reported together.
 """
+import collections
 import dataclasses
+import logging
 import os
 from typing import Optional
 
@@ -19,6 +21,8 @@ from deeplab_train.config import ConfigError
 from deeplab_train.data import build_options
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
+
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +79,7 @@ def voc_entries(list_file, image_folder, label_folder, image_format='jpg',
     ConfigError: empty list.
     DataError: ids whose image or label file is missing.
   """
-  with open(list_file) as f:
-    ids = [line.strip() for line in f if line.strip()]
+  ids = _read_ids(list_file)
   if not ids:
     raise ConfigError('%s lists no images', list_file)
   entries, missing = [], []
@@ -93,6 +96,44 @@ def voc_entries(list_file, image_folder, label_folder, image_format='jpg',
   return entries
 
 
+def _read_ids(list_file):
+  """The ids of a list file, each once, in order of first appearance.
+
+  Raises:
+    DataError: a line that is not UTF-8 text (ids are stored as UTF-8).
+  """
+  with open(list_file, 'rb') as f:
+    lines = f.read().splitlines()
+  ids = []
+  for number, line in enumerate(lines, 1):
+    try:
+      name = line.decode('utf-8').strip()
+    except UnicodeDecodeError:
+      raise build_options.DataError(
+          '%s line %d is not UTF-8 text (%r); save the list as UTF-8 and '
+          'give the image and label files UTF-8 names', list_file, number,
+          line) from None
+    if name:
+      ids.append(name)
+  repeated = [name for name, n in collections.Counter(ids).items() if n > 1]
+  if repeated:
+    _log.warning('%s lists %d id(s) more than once (%s); each is converted '
+                 'once', list_file, len(repeated),
+                 build_options.few(repeated))
+  return list(dict.fromkeys(ids))
+
+
+def _utf8_file_name(folder, name):
+  """`name` (from os.listdir) if it is UTF-8, else a DataError naming it."""
+  try:
+    name.encode('utf-8')
+  except UnicodeEncodeError:
+    raise build_options.DataError(
+        '%s: the file name %s is not UTF-8 (names are stored as UTF-8); '
+        'rename it', folder, ascii(name)) from None
+  return name
+
+
 def generic_entries(image_folder, masks_folder, label_format='png'):
   """Images paired with `<stem>.<label_format>` masks, sorted by stem.
 
@@ -107,6 +148,7 @@ def generic_entries(image_folder, masks_folder, label_format='png'):
     stem, ext = os.path.splitext(f)
     if ext.lower() not in IMAGE_EXTENSIONS or f.startswith('.'):
       continue
+    _utf8_file_name(image_folder, f)
     if stem in images:
       raise build_options.DataError(
           '%s: two images named %r (%s and %s); keep one', image_folder, stem,
