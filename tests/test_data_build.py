@@ -202,6 +202,24 @@ def test_repeated_ids_are_converted_once_with_a_warning(tmp_path, caplog):
   assert names == [b'img_00', b'img_01', b'img_02']
 
 
+def test_16_bit_grey_png_is_scaled_to_8_bits(tmp_path):
+  pairs = common.tiny_pairs(27, 2)
+  images, labels, lists = voc(tmp_path, {'train': pairs})
+  height, width = pairs[0][2].shape
+  deep = (np.arange(height * width).reshape(height, width) * 65535
+          // (height * width - 1)).astype(np.uint16)
+  Image.fromarray(deep).save(os.path.join(images, 'img_00.png'))
+  assert Image.open(os.path.join(images, 'img_00.png')).mode.startswith('I')
+  out = str(tmp_path / 'out')
+  build_voc(images, labels, lists, out, OPTIONS)
+  _, image, _ = all_records(out, 'train', 2)[0]
+  want = np.rint(deep / 257.0).astype(np.uint8)
+  assert image.shape == (height, width, 3)
+  for channel in range(3):
+    np.testing.assert_array_equal(image[..., channel], want)
+  assert 0 < image.mean() < 255  # not all white (PIL's convert clips)
+
+
 def test_rgb_colour_labels_are_converted_to_ids(tmp_path):
   pairs = common.tiny_pairs(7, 2)
   pairs[0][2][:2, :] = 255  # VOC's ignore colour (224, 224, 192)

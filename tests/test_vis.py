@@ -107,6 +107,18 @@ def test_image_dir_with_resize_keeps_input_size(tiny, tmp_path):
   assert raw.shape == (70, 90)
 
 
+def test_image_dir_16_bit_grey_png_is_drawn_scaled(tmp_path):
+  photos = tmp_path / 'deep'
+  photos.mkdir()
+  deep = (np.arange(20 * 30).reshape(20, 30) * 100).astype(np.uint16)
+  Image.fromarray(deep).save(photos / 'deep.png')
+  sample, = vis.iterate_image_dir(
+      str(photos), config.PreprocessOptions(crop_size=None), None)
+  want = np.rint(deep / 257.0).astype(np.uint8)
+  np.testing.assert_array_equal(sample['original_image'],
+                                np.stack([want] * 3, axis=-1))
+
+
 def test_resize_nearest_matches_tensorflow():
   import tensorflow.compat.v1 as tf
   labels = np.random.RandomState(0).randint(0, 9, (7, 10)).astype(np.int32)

@@ -14,6 +14,7 @@ from PIL import Image
 
 from deeplab_train.data import build_options
 from deeplab_train.data import colormap as colormap_lib
+from deeplab_train.data import pil_images
 from deeplab_train.data import tfrecord
 
 # PIL modes whose pixel values are the class ids themselves.
@@ -23,8 +24,9 @@ _ID_MODES = ('P', 'L', '1', 'I', 'I;16', 'I;16B', 'I;16L')
 def read_image(path):
   """Reads an image file as it will be stored.
 
-  JPEG (grey or RGB) and PNG bytes are kept as they are; anything else is
-  re-encoded as an RGB PNG so the reader can decode it.
+  JPEG (grey or RGB) and PNG bytes of 8-bit modes are kept as they are;
+  anything else (16-bit grey PNGs included, scaled to 8 bits) is re-encoded
+  as an RGB PNG so the reader can decode it.
 
   Returns:
     (encoded bytes, format 'jpeg' or 'png', height, width).
@@ -43,7 +45,7 @@ def read_image(path):
       if fmt == 'PNG' and mode in ('L', 'LA', 'RGB', 'RGBA', 'P'):
         return data, 'png', height, width
       buf = io.BytesIO()
-      im.convert('RGB').save(buf, format='PNG')
+      pil_images.to_rgb(im).save(buf, format='PNG')
       return buf.getvalue(), 'png', height, width
   except (OSError, ValueError, Image.DecompressionBombError) as e:
     raise build_options.DataError('%s is not a readable image (%s)', path,

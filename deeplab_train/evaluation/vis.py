@@ -22,6 +22,7 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
 from deeplab_train.data import colormap as colormap_lib
+from deeplab_train.data import pil_images
 from deeplab_train.data import preprocess
 from deeplab_train.evaluation import eval_loop
 from deeplab_train import atomic
@@ -147,7 +148,7 @@ def iterate_image_dir(image_dir, preprocess_options, mean_pixel):
       path = os.path.join(image_dir, name)
       try:
         with Image.open(path) as im:
-          original = np.asarray(im.convert('RGB'))
+          original = np.asarray(pil_images.to_rgb(im))
       except (OSError, ValueError) as e:
         raise config.ConfigError('cannot read image %s: %s'
                                  % (path, e)) from None

@@ -1,0 +1,22 @@
+"""Image files read with PIL as 8-bit RGB, deep grey images included.
+
+PIL's own convert('RGB') clips the pixels of 16- and 32-bit grey images
+(modes I;16*, I) at 255, so a 16-bit grey PNG comes out all white. Those
+are scaled to 8 bits here instead (v / 257, the 16-bit full scale onto the
+8-bit one), as TensorFlow's PNG decoder does when asked for uint8.
+"""
+import numpy as np
+from PIL import Image
+
+# Modes of one channel of integers wider than 8 bits (16-bit PNGs open as
+# I;16 or, in older Pillow, I).
+DEEP_GREY_MODES = ('I', 'I;16', 'I;16B', 'I;16L', 'I;16N')
+
+
+def to_rgb(im):
+  """A PIL image as a PIL RGB image of 8 bits per channel."""
+  if im.mode in DEEP_GREY_MODES:
+    wide = np.asarray(im, dtype=np.int64)
+    grey = np.clip(np.rint(wide / 257.0), 0, 255).astype(np.uint8)
+    return Image.fromarray(grey, mode='L').convert('RGB')
+  return im.convert('RGB')
