@@ -335,3 +335,34 @@ def test_tiny_forward_pass_computes(variant):
   assert np.abs(out[0] - out[1]).max() > 0
   # Running the update ops moved the moving mean away from its zero init.
   assert np.abs(moved).max() > 0
+
+
+@pytest.mark.slow
+def test_atrous_resnet_and_plain_aspp_train_on_cpu_without_onednn(tmp_path):
+  """Dilated plain convolutions (resnet's atrous blocks, ASPP without
+  separable convs) train where Conv2D's dilations have no CPU gradient
+  kernels: TensorFlow without oneDNN."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import train_testing as tt  # pylint: disable=g-import-not-at-top
+  records = tmp_path / 'records'
+  tt.make_tfrecords(records, count=2)
+  env = dict(tt.subprocess_env(), TF_ENABLE_ONEDNN_OPTS='0')
+  proc = subprocess.run(
+      [sys.executable, '-m', 'deeplab_train.cli.train',
+       '--train_logdir=%s' % (tmp_path / 'train'),
+       '--dataset_dir=%s' % records, '--dataset=shapes',
+       '--model_variant=resnet_v1_50_beta', '--output_stride=8',
+       '--multi_grid=1', '--multi_grid=2', '--multi_grid=4',
+       '--atrous_rates=2', '--atrous_rates=4', '--atrous_rates=6',
+       '--aspp_with_separable_conv=false', '--decoder_output_stride=4',
+       '--decoder_use_separable_conv=false', '--train_crop_size=33,33',
+       '--train_batch_size=1', '--fine_tune_batch_norm=false',
+       '--training_number_of_steps=2', '--log_steps=1',
+       '--save_summaries_secs=0'],
+      capture_output=True, text=True, env=env, cwd=str(tt.REPO),
+      timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads([l for l in proc.stdout.splitlines()
+                       if l.startswith('{')][-1])
+  assert result['status'] == 'ok' and result['global_step'] == 2, result

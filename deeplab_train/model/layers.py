@@ -227,6 +227,13 @@ def conv2d(x, num_outputs, kernel_size, params: ConvParams, scope,
     w = _weights('weights', [kh, kw, x.shape[-1], num_outputs], params)
     if (kh, kw) == (1, 1) and stride == 1:
       y = _pointwise(x, _compute_dtype(x, w))
+    elif rate > 1 and stride == 1:
+      # Atrous through space-to-batch, as the original's layers built it:
+      # Conv2D's own dilations have no CPU gradient kernels without oneDNN
+      # ("CPU implementations do not yet support dilation rates larger
+      # than 1"), and this runs on every device.
+      y = tf.nn.atrous_conv2d(x, _compute_dtype(x, w), rate, padding,
+                              name='Conv2D')
     else:
       y = tf.nn.conv2d(x, _compute_dtype(x, w),
                        strides=[1, stride, stride, 1], padding=padding,
