@@ -38,6 +38,7 @@ from deeplab_train import bench
 from deeplab_train import config
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
+from deeplab_train.cli import flag_table
 from deeplab_train.cli import train_flags
 from deeplab_train.data import datasets
 from deeplab_train.model import registry
@@ -53,29 +54,32 @@ FLAG_NAMES = dict(train_flags.FLAG_NAMES, **{
 
 DATA_SOURCES = ('synthetic', 'sample', 'dataset_dir')
 
-flags.DEFINE_enum('bench_data', 'synthetic', list(DATA_SOURCES),
-                  'Data fed to the pipeline: synthetic VOC-sized images, the '
-                  'bundled sample dataset, or --dataset_dir.')
-flags.DEFINE_integer('bench_synthetic_images', 64,
-                     'Images written with --bench_data=synthetic.')
-flags.DEFINE_integer('bench_steps', 10, 'Timed training steps.')
-flags.DEFINE_integer('bench_warmup_steps', 3,
-                     'Training steps before timing.')
-flags.DEFINE_integer('bench_trace_steps', 3,
-                     'Traced steps measuring the input wait (0: skip).')
-flags.DEFINE_integer('bench_input_batches', 50,
-                     'Timed batches of the input pipeline alone.')
-flags.DEFINE_integer('bench_matmul_size', 2048,
-                     'Side of the fp32 matmul measuring the peak FLOP/s.')
-flags.DEFINE_list('bench_variants', None,
-                  'Settings to compare, each MODE or MODE+xla with MODE in '
-                  'none/bf16/fp16, e.g. none,bf16,bf16+xla; one process '
-                  'each. Unset: the --mixed_precision/--use_xla flags.')
-flags.DEFINE_string('bench_json', None,
-                    'Also write the JSON result lines to this file.')
-flags.DEFINE_boolean('bench_child', False,
-                     'Internal: run one setting and print its result for '
-                     'the parent process.')
+# deeplab-bench's own flags (the training flags come from train_flags):
+# data, measurement lengths, settings compared and reporting.
+_BENCH_TABLE = (
+    ('enum', 'bench_data', 'synthetic',
+     'Data fed to the pipeline: synthetic VOC-sized images, the bundled '
+     'sample dataset, or --dataset_dir.', {'enum_values': list(DATA_SOURCES)}),
+    ('integer', 'bench_synthetic_images', 64,
+     'Images written with --bench_data=synthetic.'),
+    ('integer', 'bench_steps', 10, 'Timed training steps.'),
+    ('integer', 'bench_warmup_steps', 3, 'Training steps before timing.'),
+    ('integer', 'bench_trace_steps', 3,
+     'Traced steps measuring the input wait (0: skip).'),
+    ('integer', 'bench_input_batches', 50,
+     'Timed batches of the input pipeline alone.'),
+    ('integer', 'bench_matmul_size', 2048,
+     'Side of the fp32 matmul measuring the peak FLOP/s.'),
+    ('list', 'bench_variants', None,
+     'Settings to compare, each MODE or MODE+xla with MODE in '
+     'none/bf16/fp16, e.g. none,bf16,bf16+xla; one process each. Unset: the '
+     '--mixed_precision/--use_xla flags.'),
+    ('string', 'bench_json', None,
+     'Also write the JSON result lines to this file.'),
+    ('boolean', 'bench_child', False,
+     'Internal: run one setting and print its result for the parent process.'),
+)
+flag_table.define(_BENCH_TABLE)
 
 # Set per variant for a child process, or meaningless there.
 _NOT_PASSED_TO_CHILDREN = ('bench_variants', 'mixed_precision', 'use_xla',

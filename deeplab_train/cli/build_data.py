@@ -27,6 +27,7 @@ from typing import Optional
 from absl import flags
 
 from deeplab_train.cli import app
+from deeplab_train.cli import flag_table
 from deeplab_train.config import ConfigError
 from deeplab_train.data import build
 from deeplab_train.data import colormap
@@ -35,53 +36,63 @@ FLAGS = flags.FLAGS
 COMMAND = 'deeplab-build-data'
 
 # The original converter's flags and defaults.
-flags.DEFINE_string('image_folder', './VOCdevkit/VOC2012/JPEGImages',
-                    'Folder containing images.')
-flags.DEFINE_string('semantic_segmentation_folder',
-                    './VOCdevkit/VOC2012/SegmentationClassRaw',
-                    'VOC layout: folder containing the label PNGs.')
-flags.DEFINE_string('list_folder',
-                    './VOCdevkit/VOC2012/ImageSets/Segmentation',
-                    'VOC layout: folder of <split>.txt lists of image ids.')
-flags.DEFINE_string('output_dir', './tfrecord',
-                    'Folder for the TFRecord shards and dataset.json.')
-flags.DEFINE_enum('image_format', 'jpg', ['jpg', 'jpeg', 'png'],
-                  'VOC layout: extension of the image files.')
-flags.DEFINE_enum('label_format', 'png', ['png'],
-                  'Extension of the label files.')
+_CONVERTER_TABLE = (
+    ('string', 'image_folder', './VOCdevkit/VOC2012/JPEGImages',
+     'Folder containing images.'),
+    ('string', 'semantic_segmentation_folder',
+     './VOCdevkit/VOC2012/SegmentationClassRaw',
+     'VOC layout: folder containing the label PNGs.'),
+    ('string', 'list_folder', './VOCdevkit/VOC2012/ImageSets/Segmentation',
+     'VOC layout: folder of <split>.txt lists of image ids.'),
+    ('string', 'output_dir', './tfrecord',
+     'Folder for the TFRecord shards and dataset.json.'),
+    ('enum', 'image_format', 'jpg',
+     'VOC layout: extension of the image files.',
+     {'enum_values': ['jpg', 'jpeg', 'png']}),
+    ('enum', 'label_format', 'png',
+     'Extension of the label files.', {'enum_values': ['png']}),
+)
 
 # Generic layout.
-flags.DEFINE_string('masks_folder', None,
-                    'Generic layout: folder of <stem>.png label masks, '
-                    'matched to the .jpg/.jpeg/.png images in --image_folder '
-                    'by file stem. Setting it selects the generic layout.')
-flags.DEFINE_string('split_name', None,
-                    'Split to write. Required with --masks_folder; in the '
-                    'VOC layout, convert only <split_name>.txt.')
+_GENERIC_LAYOUT_TABLE = (
+    ('string', 'masks_folder', None,
+     'Generic layout: folder of <stem>.png label masks, matched to the '
+     '.jpg/.jpeg/.png images in --image_folder by file stem. Setting it '
+     'selects the generic layout.'),
+    ('string', 'split_name', None,
+     'Split to write. Required with --masks_folder; in the VOC layout, '
+     'convert only <split_name>.txt.'),
+)
 
 # Dataset description and validation.
-flags.DEFINE_integer('num_classes', 21,
-                     'Number of classes; label ids must be in '
-                     '[0, num_classes) or --ignore_label.')
-flags.DEFINE_integer('ignore_label', 255, 'Label id of ignored pixels.')
-flags.DEFINE_string('dataset_name', 'pascal_voc_seg',
-                    'Name stored in dataset.json (the --dataset to train '
-                    'with).')
-flags.DEFINE_list('class_names', None,
-                  'Comma-separated class names (num_classes of them) for '
-                  'dataset.json; built-in datasets have their own.')
-flags.DEFINE_enum('colormap', None, colormap.known_colormaps(),
-                  'Palette of RGB colour labels and of dataset.json '
-                  '(default: the dataset\'s own, else pascal).')
-flags.DEFINE_bool('convert_rgb_labels', True,
-                  'Convert RGB colour labels to ids through --colormap; '
-                  'with --noconvert_rgb_labels they are refused.')
+_DATASET_TABLE = (
+    ('integer', 'num_classes', 21,
+     'Number of classes; label ids must be in [0, num_classes) or '
+     '--ignore_label.'),
+    ('integer', 'ignore_label', 255, 'Label id of ignored pixels.'),
+    ('string', 'dataset_name', 'pascal_voc_seg',
+     'Name stored in dataset.json (the --dataset to train with).'),
+    ('list', 'class_names', None,
+     'Comma-separated class names (num_classes of them) for dataset.json; '
+     'built-in datasets have their own.'),
+    ('enum', 'colormap', None,
+     'Palette of RGB colour labels and of dataset.json (default: the '
+     'dataset\'s own, else pascal).',
+     {'enum_values': colormap.known_colormaps()}),
+    ('boolean', 'convert_rgb_labels', True,
+     'Convert RGB colour labels to ids through --colormap; with '
+     '--noconvert_rgb_labels they are refused.'),
+)
 
 # Output.
-flags.DEFINE_integer('num_shards', 4, 'Shards per split.')
-flags.DEFINE_integer('num_workers', None,
-                     'Threads converting shards in parallel (default: one '
-                     'per core, at most --num_shards).')
+_OUTPUT_TABLE = (
+    ('integer', 'num_shards', 4, 'Shards per split.'),
+    ('integer', 'num_workers', None,
+     'Threads converting shards in parallel (default: one per core, at most '
+     '--num_shards).'),
+)
+flag_table.define(_CONVERTER_TABLE, _GENERIC_LAYOUT_TABLE, _DATASET_TABLE,
+                  _OUTPUT_TABLE)
 
 
 # Conversion errors name BuildOptions fields and the arguments of

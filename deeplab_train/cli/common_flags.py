@@ -12,73 +12,79 @@ one that was trained.
 from absl import flags
 
 from deeplab_train import config
+from deeplab_train.cli import flag_table
 
 FLAGS = flags.FLAGS
 
 # Dataset.
-flags.DEFINE_string('dataset', 'pascal_voc_seg',
-                    'Dataset name: pascal_voc_seg, cityscapes, ade20k, or any '
-                    'dataset described by a dataset.json in --dataset_dir.')
-flags.DEFINE_string('dataset_dir', None, 'Folder of the TFRecord shards.')
+_DATASET_TABLE = (
+    ('string', 'dataset', 'pascal_voc_seg',
+     'Dataset name: pascal_voc_seg, cityscapes, ade20k, or any dataset '
+     'described by a dataset.json in --dataset_dir.'),
+    ('string', 'dataset_dir', None, 'Folder of the TFRecord shards.'),
+)
 
 # Preprocessing (also applied at export time).
-flags.DEFINE_integer('min_resize_value', None,
-                     'Desired size of the smaller image side.')
-flags.DEFINE_integer('max_resize_value', None,
-                     'Maximum allowed size of the larger image side.')
-flags.DEFINE_integer('resize_factor', None,
-                     'Resized dimensions are multiple of factor plus one.')
+_RESIZE_TABLE = (
+    ('integer', 'min_resize_value', None,
+     'Desired size of the smaller image side.'),
+    ('integer', 'max_resize_value', None,
+     'Maximum allowed size of the larger image side.'),
+    ('integer', 'resize_factor', None,
+     'Resized dimensions are multiple of factor plus one.'),
+)
 
 # Model (the original's common.py and per-command model flags).
-flags.DEFINE_string('model_variant', 'mobilenet_v2', 'DeepLab model variant.')
-flags.DEFINE_multi_integer('atrous_rates', None,
-                           'Atrous rates for atrous spatial pyramid pooling '
-                           '(repeat the flag: --atrous_rates=6 --atrous_rates=12).')
-flags.DEFINE_integer('output_stride', 16,
-                     'Ratio of input to output spatial resolution.')
-flags.DEFINE_list('decoder_output_stride', None,
-                  'Comma-separated output strides of the decoder stages, '
-                  'e.g. 4; not set: no decoder.')
-flags.DEFINE_boolean('decoder_use_separable_conv', True,
-                     'Employ separable convolution for decoder or not.')
-flags.DEFINE_multi_float('image_pyramid', None,
-                         'Input scales for multi-scale feature extraction.')
-flags.DEFINE_boolean('add_image_level_feature', True,
-                     'Add image level feature.')
-flags.DEFINE_list('image_pooling_crop_size', None,
-                  'Image pooling crop size [height, width] used in the ASPP '
-                  'module; not set: the crop size.')
-flags.DEFINE_list('image_pooling_stride', '1,1',
-                  'Image pooling stride [height, width] used in the ASPP '
-                  'image pooling module.')
-flags.DEFINE_boolean('aspp_with_batch_norm', True,
-                     'Use batch norm parameters for ASPP or not.')
-flags.DEFINE_boolean('aspp_with_separable_conv', True,
-                     'Use separable convolution for ASPP or not.')
-flags.DEFINE_multi_integer('multi_grid', None,
-                           'Employ a hierarchy of atrous rates for ResNet.')
-flags.DEFINE_float('depth_multiplier', 1.0,
-                   'Multiplier for the depth (number of channels) of all '
-                   'convolution ops used in MobileNet.')
-flags.DEFINE_integer('divisible_by', None,
-                     'An integer that ensures the layer # channels are '
-                     'divisible by this value. Used in MobileNet.')
-flags.DEFINE_integer('logits_kernel_size', 1,
-                     'The kernel size for the convolutional kernel that '
-                     'generates logits.')
-flags.DEFINE_enum('merge_method', 'max', ['max', 'avg'],
-                  'Scheme to merge multi scale features.')
-flags.DEFINE_boolean('prediction_with_upsampled_logits', True,
-                     'Upsample logits before argmax (True) or argmax then '
-                     'upsample the labels (False).')
-flags.DEFINE_boolean('use_bounded_activation', False,
-                     'Use bounded activations (relu6) in ASPP and decoder.')
-flags.DEFINE_integer('aspp_convs_filters', 256,
-                     'Number of filters in the ASPP convolutions.')
-flags.DEFINE_integer('decoder_filters', 256,
-                     'Number of filters in the decoder convolutions.')
-flags.DEFINE_float('batch_norm_decay', 0.9997,
-                   'Batch norm decay of the ASPP and decoder layers.')
+_MODEL_TABLE = (
+    ('string', 'model_variant', 'mobilenet_v2', 'DeepLab model variant.'),
+    ('multi_integer', 'atrous_rates', None,
+     'Atrous rates for atrous spatial pyramid pooling (repeat the flag: '
+     '--atrous_rates=6 --atrous_rates=12).'),
+    ('integer', 'output_stride', 16,
+     'Ratio of input to output spatial resolution.'),
+    ('list', 'decoder_output_stride', None,
+     'Comma-separated output strides of the decoder stages, e.g. 4; not '
+     'set: no decoder.'),
+    ('boolean', 'decoder_use_separable_conv', True,
+     'Employ separable convolution for decoder or not.'),
+    ('multi_float', 'image_pyramid', None,
+     'Input scales for multi-scale feature extraction.'),
+    ('boolean', 'add_image_level_feature', True, 'Add image level feature.'),
+    ('list', 'image_pooling_crop_size', None,
+     'Image pooling crop size [height, width] used in the ASPP module; not '
+     'set: the crop size.'),
+    ('list', 'image_pooling_stride', '1,1',
+     'Image pooling stride [height, width] used in the ASPP image pooling '
+     'module.'),
+    ('boolean', 'aspp_with_batch_norm', True,
+     'Use batch norm parameters for ASPP or not.'),
+    ('boolean', 'aspp_with_separable_conv', True,
+     'Use separable convolution for ASPP or not.'),
+    ('multi_integer', 'multi_grid', None,
+     'Employ a hierarchy of atrous rates for ResNet.'),
+    ('float', 'depth_multiplier', 1.0,
+     'Multiplier for the depth (number of channels) of all convolution ops '
+     'used in MobileNet.'),
+    ('integer', 'divisible_by', None,
+     'An integer that ensures the layer # channels are divisible by this '
+     'value. Used in MobileNet.'),
+    ('integer', 'logits_kernel_size', 1,
+     'The kernel size for the convolutional kernel that generates logits.'),
+    ('enum', 'merge_method', 'max',
+     'Scheme to merge multi scale features.', {'enum_values': ['max', 'avg']}),
+    ('boolean', 'prediction_with_upsampled_logits', True,
+     'Upsample logits before argmax (True) or argmax then upsample the '
+     'labels (False).'),
+    ('boolean', 'use_bounded_activation', False,
+     'Use bounded activations (relu6) in ASPP and decoder.'),
+    ('integer', 'aspp_convs_filters', 256,
+     'Number of filters in the ASPP convolutions.'),
+    ('integer', 'decoder_filters', 256,
+     'Number of filters in the decoder convolutions.'),
+    ('float', 'batch_norm_decay', 0.9997,
+     'Batch norm decay of the ASPP and decoder layers.'),
+)
+flag_table.define(_DATASET_TABLE, _RESIZE_TABLE, _MODEL_TABLE)
 
 # ModelOptions field -> flag name, for the fields set from flags.
 _MODEL_FLAGS = (

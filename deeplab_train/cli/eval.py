@@ -22,6 +22,7 @@ from absl import flags
 from deeplab_train import config
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
+from deeplab_train.cli import flag_table
 from deeplab_train.cli import inference_flags
 from deeplab_train.data import datasets
 from deeplab_train.evaluation import eval_loop
@@ -38,27 +39,31 @@ FLAG_NAMES = {'InferenceOptions.crop_size': 'eval_crop_size',
               'EvalOptions.timeout_secs': 'eval_timeout_secs',
               'EvalOptions.result_json': 'eval_result_json'}
 
-flags.DEFINE_string('eval_logdir', None,
-                    'Where to write the event logs and eval_result.json '
-                    '(default: CHECKPOINT_DIR/eval).')
-flags.DEFINE_integer('eval_batch_size', 1,
-                     'The number of images in each batch during evaluation.')
-flags.DEFINE_list('eval_crop_size', None,
-                  'Pad every image to this HEIGHT,WIDTH (the network is then '
-                  'built for it). Unset: pad each image only to the next '
-                  'size k * output_stride + 1.')
-flags.DEFINE_string('eval_split', 'val',
-                    'Which split of the dataset is used for evaluation.')
-flags.DEFINE_integer('max_number_of_evaluations', 0,
-                     'Follow mode: stop after this many evaluations (<= 0: '
-                     'no limit). Giving a value other than 1 turns follow '
-                     'mode on; 1 evaluates once.')
-flags.DEFINE_float('eval_timeout_secs', None,
-                   'Follow mode: stop after waiting this long for a new '
-                   'checkpoint (default: wait for ever).')
-flags.DEFINE_string('eval_result_json', None,
-                    'Where to write the JSON result (default: '
-                    'EVAL_LOGDIR/eval_result.json).')
+# deeplab-eval's own flags (the shared ones are in common_flags and
+# inference_flags): output, split, batch, crop and follow mode.
+_EVAL_TABLE = (
+    ('string', 'eval_logdir', None,
+     'Where to write the event logs and eval_result.json (default: '
+     'CHECKPOINT_DIR/eval).'),
+    ('integer', 'eval_batch_size', 1,
+     'The number of images in each batch during evaluation.'),
+    ('list', 'eval_crop_size', None,
+     'Pad every image to this HEIGHT,WIDTH (the network is then built for '
+     'it). Unset: pad each image only to the next size '
+     'k * output_stride + 1.'),
+    ('string', 'eval_split', 'val',
+     'Which split of the dataset is used for evaluation.'),
+    ('integer', 'max_number_of_evaluations', 0,
+     'Follow mode: stop after this many evaluations (<= 0: no limit). '
+     'Giving a value other than 1 turns follow mode on; 1 evaluates once.'),
+    ('float', 'eval_timeout_secs', None,
+     'Follow mode: stop after waiting this long for a new checkpoint '
+     '(default: wait for ever).'),
+    ('string', 'eval_result_json', None,
+     'Where to write the JSON result (default: '
+     'EVAL_LOGDIR/eval_result.json).'),
+)
+flag_table.define(_EVAL_TABLE)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,7 @@ from absl import flags
 from deeplab_train import config
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
+from deeplab_train.cli import flag_table
 from deeplab_train.cli import inference_flags
 from deeplab_train.evaluation import predictor as predictor_lib
 from deeplab_train.export import freeze
@@ -38,30 +39,34 @@ FLAG_NAMES = {'InferenceOptions.scales': 'inference_scales',
 # otherwise.
 EXPORT_MODEL_DEFAULTS = {'output_stride': 8}
 
-flags.DEFINE_string('checkpoint_path', None,
-                    'Checkpoint prefix, or a directory (its latest '
-                    'checkpoint).')
-flags.DEFINE_string('export_path', None,
-                    'Path of the frozen GraphDef (.pb) to write.')
-flags.DEFINE_string('saved_model_dir', None,
-                    'Also (or only) write a SavedModel to this directory.')
-# deeplab-build-data defines the same flag (same type and default); either
-# definition may be the one registered when both modules are imported.
-flags.DEFINE_integer('num_classes', 21,
-                     'Number of classes (only for checkpoints without a '
-                     'saved config).', allow_override=True)
-flags.DEFINE_multi_string('crop_size', ['513', '513'],
-                          'Crop size HEIGHT,WIDTH that input images are '
-                          'padded to (--crop_size=513,513 or, as the '
-                          'original, --crop_size=513 --crop_size=513).')
-flags.DEFINE_multi_float('inference_scales', [1.0],
-                         'The scales to resize images for inference.')
-flags.DEFINE_bool('save_inference_graph', False,
-                  'Also save the unfrozen inference graph as text '
-                  '(inference_graph.pbtxt beside --export_path).')
-flags.DEFINE_bool('export_probabilities', True,
-                  'Also export SemanticProbabilities:0 (and the SavedModel\'s '
-                  '"probabilities" output).')
+# deeplab-export's own flags: the checkpoint, the outputs and the graph's
+# input crop and scales.
+_EXPORT_TABLE = (
+    ('string', 'checkpoint_path', None,
+     'Checkpoint prefix, or a directory (its latest checkpoint).'),
+    ('string', 'export_path', None,
+     'Path of the frozen GraphDef (.pb) to write.'),
+    ('string', 'saved_model_dir', None,
+     'Also (or only) write a SavedModel to this directory.'),
+    # deeplab-build-data defines the same flag (same type and default); either
+    # definition may be the one registered when both modules are imported.
+    ('integer', 'num_classes', 21,
+     'Number of classes (only for checkpoints without a saved config).',
+     {'allow_override': True}),
+    ('multi_string', 'crop_size', ['513', '513'],
+     'Crop size HEIGHT,WIDTH that input images are padded to '
+     '(--crop_size=513,513 or, as the original, --crop_size=513 '
+     '--crop_size=513).'),
+    ('multi_float', 'inference_scales', [1.0],
+     'The scales to resize images for inference.'),
+    ('boolean', 'save_inference_graph', False,
+     'Also save the unfrozen inference graph as text (inference_graph.pbtxt '
+     'beside --export_path).'),
+    ('boolean', 'export_probabilities', True,
+     'Also export SemanticProbabilities:0 (and the SavedModel\'s '
+     '"probabilities" output).'),
+)
+flag_table.define(_EXPORT_TABLE)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,22 +11,25 @@ from absl import flags
 from deeplab_train import config
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
+from deeplab_train.cli import flag_table
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_string('checkpoint_dir', None,
-                    'Directory of model checkpoints (the train_logdir); its '
-                    'latest checkpoint is used. A checkpoint prefix also '
-                    'works.')
-flags.DEFINE_multi_float('eval_scales', [1.0],
-                         'The scales to resize images for evaluation '
-                         '(repeat the flag for multi-scale inference).')
-flags.DEFINE_bool('add_flipped_images', False,
-                  'Add left-right flipped images during inference.')
-flags.DEFINE_integer('eval_interval_secs', 60 * 5,
-                     'Follow mode: how often (in seconds) to look for and '
-                     'evaluate a new checkpoint. Giving this flag turns '
-                     'follow mode on.')
+# Defined here once for eval, vis and export (see the module docstring).
+_INFERENCE_TABLE = (
+    ('string', 'checkpoint_dir', None,
+     'Directory of model checkpoints (the train_logdir); its latest '
+     'checkpoint is used. A checkpoint prefix also works.'),
+    ('multi_float', 'eval_scales', [1.0],
+     'The scales to resize images for evaluation (repeat the flag for '
+     'multi-scale inference).'),
+    ('boolean', 'add_flipped_images', False,
+     'Add left-right flipped images during inference.'),
+    ('integer', 'eval_interval_secs', 60 * 5,
+     'Follow mode: how often (in seconds) to look for and evaluate a new '
+     'checkpoint. Giving this flag turns follow mode on.'),
+)
+flag_table.define(_INFERENCE_TABLE)
 
 
 def parse_crop(value, flag_name):

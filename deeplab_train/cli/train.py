@@ -52,6 +52,7 @@ from absl import logging
 from deeplab_train import config
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
+from deeplab_train.cli import flag_table
 from deeplab_train.cli import train_flags
 from deeplab_train.data import datasets
 from deeplab_train.data import pipeline
@@ -67,59 +68,60 @@ COMMAND = 'deeplab-train'
 FLAG_NAMES = train_flags.FLAG_NAMES
 
 # Clusters (TensorFlow's distributed runtime; or the TF_CONFIG variable).
-flags.DEFINE_list('ps_hosts', [],
-                  'host:port of each parameter-server task, comma-separated.')
-flags.DEFINE_list('worker_hosts', [],
-                  'host:port of each worker task, comma-separated; the first '
-                  'is the chief.')
-flags.DEFINE_string('master', '',
-                    'Address of a TensorFlow server to run the session on '
-                    '(the original\'s flag; leave empty for in-process, and '
-                    'use --ps_hosts/--worker_hosts or TF_CONFIG for clusters).')
-flags.DEFINE_string('job_name', None, 'This task\'s job: ps or worker.')
-flags.DEFINE_integer('task', 0, 'The task ID (index in its job).')
-flags.DEFINE_boolean('sync_replicas', True,
-                     'Cluster: synchronous updates (each averages a gradient '
-                     'of every worker); false: asynchronous.')
-flags.DEFINE_integer('num_replicas', 1,
-                     'Number of worker replicas (follows --worker_hosts or '
-                     'TF_CONFIG; a given value must match it).')
-flags.DEFINE_integer('num_ps_tasks', 0,
-                     'The number of parameter servers (follows --ps_hosts or '
-                     'TF_CONFIG; a given value must match it).')
-flags.DEFINE_integer('startup_delay_steps', 15,
-                     'Number of training steps between replicas startup '
-                     '(asynchronous mode: worker i starts at step i times '
-                     'this).')
+_CLUSTER_TABLE = (
+    ('list', 'ps_hosts', [],
+     'host:port of each parameter-server task, comma-separated.'),
+    ('list', 'worker_hosts', [],
+     'host:port of each worker task, comma-separated; the first is the '
+     'chief.'),
+    ('string', 'master', '',
+     'Address of a TensorFlow server to run the session on (the original\'s '
+     'flag; leave empty for in-process, and use --ps_hosts/--worker_hosts '
+     'or TF_CONFIG for clusters).'),
+    ('string', 'job_name', None, 'This task\'s job: ps or worker.'),
+    ('integer', 'task', 0, 'The task ID (index in its job).'),
+    ('boolean', 'sync_replicas', True,
+     'Cluster: synchronous updates (each averages a gradient of every '
+     'worker); false: asynchronous.'),
+    ('integer', 'num_replicas', 1,
+     'Number of worker replicas (follows --worker_hosts or TF_CONFIG; a '
+     'given value must match it).'),
+    ('integer', 'num_ps_tasks', 0,
+     'The number of parameter servers (follows --ps_hosts or TF_CONFIG; a '
+     'given value must match it).'),
+    ('integer', 'startup_delay_steps', 15,
+     'Number of training steps between replicas startup (asynchronous mode: '
+     'worker i starts at step i times this).'),
+)
 
 # Logging, checkpoints, stopping.
-flags.DEFINE_string('train_logdir', None,
-                    'Where the checkpoints and logs are stored (required).')
-flags.DEFINE_integer('log_steps', 10,
-                     'Display logging information at every log_steps.')
-flags.DEFINE_integer('save_interval_secs', 1200,
-                     'How often, in seconds, we save the model to disk '
-                     '(0: not by time).')
-flags.DEFINE_integer('save_interval_steps', None,
-                     'Also save the model every this many steps.')
-flags.DEFINE_integer('keep_checkpoint_max', 5,
-                     'Number of recent checkpoints kept in train_logdir.')
-flags.DEFINE_integer('save_summaries_secs', 600,
-                     'How often, in seconds, we compute the summaries '
-                     '(0: never).')
-flags.DEFINE_string('profile_logdir', None,
-                    'Where Chrome traces (timeline-STEP.json) of one step in '
-                    'every %d are written, the first after %d steps.'
-                    % (run_lib.PROFILE_STEPS, run_lib.PROFILE_STEPS))
-flags.DEFINE_float('max_run_seconds', None,
-                   'Stop (with a final checkpoint, exit 0) after this many '
-                   'seconds of wall time.')
-flags.DEFINE_integer('num_steps_more', None,
-                     'Train this many steps past the checkpoint in '
-                     'train_logdir, then stop (never past '
-                     'training_number_of_steps).')
-flags.DEFINE_string('result_json', None,
-                    'Also write the final JSON result line to this file.')
+_RUN_TABLE = (
+    ('string', 'train_logdir', None,
+     'Where the checkpoints and logs are stored (required).'),
+    ('integer', 'log_steps', 10,
+     'Display logging information at every log_steps.'),
+    ('integer', 'save_interval_secs', 1200,
+     'How often, in seconds, we save the model to disk (0: not by time).'),
+    ('integer', 'save_interval_steps', None,
+     'Also save the model every this many steps.'),
+    ('integer', 'keep_checkpoint_max', 5,
+     'Number of recent checkpoints kept in train_logdir.'),
+    ('integer', 'save_summaries_secs', 600,
+     'How often, in seconds, we compute the summaries (0: never).'),
+    ('string', 'profile_logdir', None,
+     'Where Chrome traces (timeline-STEP.json) of one step in '
+     'every %d are written, the first after %d steps.'
+     % (run_lib.PROFILE_STEPS, run_lib.PROFILE_STEPS)),
+    ('float', 'max_run_seconds', None,
+     'Stop (with a final checkpoint, exit 0) after this many seconds of '
+     'wall time.'),
+    ('integer', 'num_steps_more', None,
+     'Train this many steps past the checkpoint in train_logdir, then stop '
+     '(never past training_number_of_steps).'),
+    ('string', 'result_json', None,
+     'Also write the final JSON result line to this file.'),
+)
+flag_table.define(_CLUSTER_TABLE, _RUN_TABLE)
 
 # RunOptions and ClusterOptions fields are set by the flag of the same name.
 _RUN_FIELDS = tuple(f.name for f in dataclasses.fields(config.RunOptions))

@@ -11,6 +11,7 @@ from absl import flags
 
 from deeplab_train import config
 from deeplab_train.cli import common_flags
+from deeplab_train.cli import flag_table
 
 FLAGS = flags.FLAGS
 
@@ -19,118 +20,128 @@ FLAG_NAMES = {'ModelOptions.crop_size': 'train_crop_size',
               'PreprocessOptions.crop_size': 'train_crop_size'}
 
 # Towers.
-flags.DEFINE_integer('num_clones', 1, 'Number of clones (towers) to deploy; '
-                     'the batch is split evenly between them.')
-flags.DEFINE_boolean('clone_on_cpu', False, 'Use CPUs to deploy clones.')
-flags.DEFINE_integer('train_batch_size', 8,
-                     'The number of images in each batch during training '
-                     '(all clones together).')
+_TOWER_TABLE = (
+    ('integer', 'num_clones', 1,
+     'Number of clones (towers) to deploy; the batch is split evenly '
+     'between them.'),
+    ('boolean', 'clone_on_cpu', False, 'Use CPUs to deploy clones.'),
+    ('integer', 'train_batch_size', 8,
+     'The number of images in each batch during training (all clones '
+     'together).'),
+)
 
 # Optimisation.
-flags.DEFINE_enum('learning_policy', 'poly', list(config.LEARNING_POLICIES),
-                  'Learning rate policy for training.')
-flags.DEFINE_float('base_learning_rate', .0001,
-                   'The base learning rate for model training.')
-flags.DEFINE_float('learning_rate_decay_factor', 0.1,
-                   'The rate to decay the base learning rate.')
-flags.DEFINE_integer('learning_rate_decay_step', 2000,
-                     'Decay the base learning rate at a fixed step.')
-flags.DEFINE_float('learning_power', 0.9,
-                   'The power value used in the poly learning policy.')
-flags.DEFINE_float('decay_steps', 0.0,
-                   'Decay steps of the poly learning rate (0: the steps '
-                   'after the slow start).')
-flags.DEFINE_float('end_learning_rate', 0.0,
-                   'The poly learning rate\'s value at the end of its decay.')
-flags.DEFINE_enum('optimizer', 'momentum', list(config.OPTIMIZERS),
-                  'Which optimizer to use.')
-flags.DEFINE_float('adam_learning_rate', 0.001,
-                   'Adam\'s (constant) learning rate.')
-flags.DEFINE_float('adam_epsilon', 1e-08, 'Adam optimizer epsilon.')
-flags.DEFINE_integer('seed', None,
-                     'Random seed of the initialisation, input order and '
-                     'augmentation (unset: random).')
-flags.DEFINE_integer('training_number_of_steps', 30000,
-                     'The number of steps used for training.')
-flags.DEFINE_float('momentum', 0.9, 'The momentum value to use.')
-flags.DEFINE_float('weight_decay', None,
-                   'The value of the weight decay for training (default: '
-                   'the backbone family\'s, 0.00004 for every built-in one, '
-                   'as the original).')
-flags.DEFINE_integer('slow_start_step', 0,
-                     'Training model with small learning rate for few steps.')
-flags.DEFINE_float('slow_start_learning_rate', 1e-4,
-                   'Learning rate employed during slow start.')
+_OPTIMISATION_TABLE = (
+    ('enum', 'learning_policy', 'poly',
+     'Learning rate policy for training.',
+     {'enum_values': list(config.LEARNING_POLICIES)}),
+    ('float', 'base_learning_rate', .0001,
+     'The base learning rate for model training.'),
+    ('float', 'learning_rate_decay_factor', 0.1,
+     'The rate to decay the base learning rate.'),
+    ('integer', 'learning_rate_decay_step', 2000,
+     'Decay the base learning rate at a fixed step.'),
+    ('float', 'learning_power', 0.9,
+     'The power value used in the poly learning policy.'),
+    ('float', 'decay_steps', 0.0,
+     'Decay steps of the poly learning rate (0: the steps after the slow '
+     'start).'),
+    ('float', 'end_learning_rate', 0.0,
+     'The poly learning rate\'s value at the end of its decay.'),
+    ('enum', 'optimizer', 'momentum',
+     'Which optimizer to use.', {'enum_values': list(config.OPTIMIZERS)}),
+    ('float', 'adam_learning_rate', 0.001, 'Adam\'s (constant) learning rate.'),
+    ('float', 'adam_epsilon', 1e-08, 'Adam optimizer epsilon.'),
+    ('integer', 'seed', None,
+     'Random seed of the initialisation, input order and augmentation '
+     '(unset: random).'),
+    ('integer', 'training_number_of_steps', 30000,
+     'The number of steps used for training.'),
+    ('float', 'momentum', 0.9, 'The momentum value to use.'),
+    ('float', 'weight_decay', None,
+     'The value of the weight decay for training (default: the backbone '
+     'family\'s, 0.00004 for every built-in one, as the original).'),
+    ('integer', 'slow_start_step', 0,
+     'Training model with small learning rate for few steps.'),
+    ('float', 'slow_start_learning_rate', 1e-4,
+     'Learning rate employed during slow start.'),
+)
 
 # Loss and last layers.
-flags.DEFINE_float('last_layer_gradient_multiplier', 1.0,
-                   'The gradient multiplier for last layers, which is used to '
-                   'boost the gradient of last layers if the value > 1.')
-flags.DEFINE_boolean('upsample_logits', True,
-                     'Upsample logits during training.')
-flags.DEFINE_multi_float('label_weights', None,
-                         'One loss weight per class (repeat the flag); unset: '
-                         'all 1.')
-flags.DEFINE_boolean('fine_tune_batch_norm', True,
-                     'Fine tune the batch norm parameters or not (needs 12 or '
-                     'more images per clone).')
-flags.DEFINE_integer('hard_example_mining_step', 0,
-                     'The training step in which exact hard example mining '
-                     'kicks off; the mining percent shrinks from 100% to '
-                     'top_k_percent_pixels until then.')
-flags.DEFINE_float('top_k_percent_pixels', 1.0,
-                   'The top k percent pixels (in terms of the loss values) '
-                   'used to compute loss during training.')
-flags.DEFINE_boolean('save_summaries_images', False,
-                     'Save sample inputs, labels, and semantic predictions as '
-                     'images to summary.')
+_LOSS_TABLE = (
+    ('float', 'last_layer_gradient_multiplier', 1.0,
+     'The gradient multiplier for last layers, which is used to boost the '
+     'gradient of last layers if the value > 1.'),
+    ('boolean', 'upsample_logits', True, 'Upsample logits during training.'),
+    ('multi_float', 'label_weights', None,
+     'One loss weight per class (repeat the flag); unset: all 1.'),
+    ('boolean', 'fine_tune_batch_norm', True,
+     'Fine tune the batch norm parameters or not (needs 12 or more images '
+     'per clone).'),
+    ('integer', 'hard_example_mining_step', 0,
+     'The training step in which exact hard example mining kicks off; the '
+     'mining percent shrinks from 100% to top_k_percent_pixels until then.'),
+    ('float', 'top_k_percent_pixels', 1.0,
+     'The top k percent pixels (in terms of the loss values) used to '
+     'compute loss during training.'),
+    ('boolean', 'save_summaries_images', False,
+     'Save sample inputs, labels, and semantic predictions as images to '
+     'summary.'),
+)
 
 # The original's options for what deeplab-train does not support.
-flags.DEFINE_float('drop_path_keep_prob', 1.0,
-                   'NAS drop path (NAS backbones are not supported: only 1.0 '
-                   'is accepted).')
-flags.DEFINE_integer('quantize_delay_step', -1,
-                     'Quantised training (not supported: only -1 is '
-                     'accepted).')
+_UNSUPPORTED_TABLE = (
+    ('float', 'drop_path_keep_prob', 1.0,
+     'NAS drop path (NAS backbones are not supported: only 1.0 is accepted).'),
+    ('integer', 'quantize_delay_step', -1,
+     'Quantised training (not supported: only -1 is accepted).'),
+)
 
 # Speed (see deeplab-bench to measure them).
-flags.DEFINE_enum('mixed_precision', 'none',
-                  list(config.MIXED_PRECISION_MODES),
-                  'Low-precision compute with fp32 variables, logits and '
-                  'loss: bf16 (CPUs with AVX512_BF16/AMX; oneDNN rewrite) or '
-                  'fp16 (GPUs; with dynamic loss scaling).')
-flags.DEFINE_boolean('use_xla', False,
-                     'Compile the network and its gradients with XLA (for '
-                     'GPUs; on CPUs XLA is about 10x slower here).')
-flags.DEFINE_integer('intra_op_parallelism_threads', None,
-                     'Threads inside one op (unset: every usable core; 0: '
-                     'TensorFlow decides).')
-flags.DEFINE_integer('inter_op_parallelism_threads', None,
-                     'Ops run at once (unset: every usable core; 0: '
-                     'TensorFlow decides).')
+_SPEED_TABLE = (
+    ('enum', 'mixed_precision', 'none',
+     'Low-precision compute with fp32 variables, logits and loss: bf16 '
+     '(CPUs with AVX512_BF16/AMX; oneDNN rewrite) or fp16 (GPUs; with '
+     'dynamic loss scaling).',
+     {'enum_values': list(config.MIXED_PRECISION_MODES)}),
+    ('boolean', 'use_xla', False,
+     'Compile the network and its gradients with XLA (for GPUs; on CPUs XLA '
+     'is about 10x slower here).'),
+    ('integer', 'intra_op_parallelism_threads', None,
+     'Threads inside one op (unset: every usable core; 0: TensorFlow '
+     'decides).'),
+    ('integer', 'inter_op_parallelism_threads', None,
+     'Ops run at once (unset: every usable core; 0: TensorFlow decides).'),
+)
 
 # Fine-tuning.
-flags.DEFINE_string('tf_initial_checkpoint', None,
-                    'The initial checkpoint (a prefix, or a directory: its '
-                    'latest checkpoint); ignored when train_logdir already '
-                    'holds one.')
-flags.DEFINE_boolean('initialize_last_layer', True,
-                     'Initialize the last layer from tf_initial_checkpoint.')
-flags.DEFINE_boolean('last_layers_contain_logits_only', False,
-                     'Only consider logits as last layers or not.')
+_FINE_TUNING_TABLE = (
+    ('string', 'tf_initial_checkpoint', None,
+     'The initial checkpoint (a prefix, or a directory: its latest '
+     'checkpoint); ignored when train_logdir already holds one.'),
+    ('boolean', 'initialize_last_layer', True,
+     'Initialize the last layer from tf_initial_checkpoint.'),
+    ('boolean', 'last_layers_contain_logits_only', False,
+     'Only consider logits as last layers or not.'),
+)
 
 # Dataset and augmentation.
-flags.DEFINE_string('train_split', 'train',
-                    'Which split of the dataset to be used for training.')
-flags.DEFINE_list('train_crop_size', '513,513',
-                  'Image crop size [height, width] during training; each a '
-                  'multiple of output_stride plus 1.')
-flags.DEFINE_float('min_scale_factor', 0.5,
-                   'Mininum scale factor for data augmentation.')
-flags.DEFINE_float('max_scale_factor', 2.,
-                   'Maximum scale factor for data augmentation.')
-flags.DEFINE_float('scale_factor_step_size', 0.25,
-                   'Scale factor step size for data augmentation.')
+_AUGMENTATION_TABLE = (
+    ('string', 'train_split', 'train',
+     'Which split of the dataset to be used for training.'),
+    ('list', 'train_crop_size', '513,513',
+     'Image crop size [height, width] during training; each a multiple of '
+     'output_stride plus 1.'),
+    ('float', 'min_scale_factor', 0.5,
+     'Mininum scale factor for data augmentation.'),
+    ('float', 'max_scale_factor', 2.,
+     'Maximum scale factor for data augmentation.'),
+    ('float', 'scale_factor_step_size', 0.25,
+     'Scale factor step size for data augmentation.'),
+)
+flag_table.define(_TOWER_TABLE, _OPTIMISATION_TABLE, _LOSS_TABLE,
+                  _UNSUPPORTED_TABLE, _SPEED_TABLE, _FINE_TUNING_TABLE,
+                  _AUGMENTATION_TABLE)
 
 # Every TrainOptions field is set by the flag of the same name.
 _TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(config.TrainOptions))

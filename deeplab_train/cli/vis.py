@@ -20,6 +20,7 @@ from absl import flags
 from deeplab_train import config
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
+from deeplab_train.cli import flag_table
 from deeplab_train.cli import inference_flags
 from deeplab_train.data import colormap as colormap_lib
 from deeplab_train.data import datasets
@@ -35,30 +36,33 @@ FLAG_NAMES = {'InferenceOptions.crop_size': 'vis_crop_size',
               'InferenceOptions.scales': 'eval_scales',
               'VisOptions.colormap': 'colormap_type'}
 
-flags.DEFINE_string('vis_logdir', None, 'Where to write the PNGs.')
-flags.DEFINE_string('vis_split', 'val',
-                    'Which split of the dataset is visualised.')
-flags.DEFINE_string('image_dir', None,
-                    'Visualise the .jpg/.png files of this folder instead of '
-                    'a split (no --dataset_dir needed with a saved config).')
-flags.DEFINE_integer('vis_batch_size', 1,
-                     'The number of images in each batch.')
-flags.DEFINE_list('vis_crop_size', None,
-                  'Pad every image to this HEIGHT,WIDTH. Unset: pad each '
-                  'image only to the next size k * output_stride + 1.')
-flags.DEFINE_enum('colormap_type', None, colormap_lib.known_colormaps(),
-                  'Colormap of the PNGs (default: the dataset\'s palette).')
-flags.DEFINE_boolean('also_save_raw_predictions', False,
-                     'Also save single-channel PNGs of the class ids.')
-flags.DEFINE_boolean('save_overlay', False,
-                     'Also save image | prediction | blend side by side.')
-flags.DEFINE_float('overlay_alpha', 0.5,
-                   'Weight of the prediction colours in the overlay blend.')
-flags.DEFINE_integer('max_number_of_images', 0,
-                     'Stop after this many images (<= 0: all).')
-flags.DEFINE_integer('max_number_of_iterations', 1,
-                     'Accepted for compatibility with the original vis.py; '
-                     'deeplab-vis always visualises one checkpoint once.')
+# deeplab-vis's own flags: output, images, crop and what is drawn.
+_VIS_TABLE = (
+    ('string', 'vis_logdir', None, 'Where to write the PNGs.'),
+    ('string', 'vis_split', 'val', 'Which split of the dataset is visualised.'),
+    ('string', 'image_dir', None,
+     'Visualise the .jpg/.png files of this folder instead of a split (no '
+     '--dataset_dir needed with a saved config).'),
+    ('integer', 'vis_batch_size', 1, 'The number of images in each batch.'),
+    ('list', 'vis_crop_size', None,
+     'Pad every image to this HEIGHT,WIDTH. Unset: pad each image only to '
+     'the next size k * output_stride + 1.'),
+    ('enum', 'colormap_type', None,
+     'Colormap of the PNGs (default: the dataset\'s palette).',
+     {'enum_values': colormap_lib.known_colormaps()}),
+    ('boolean', 'also_save_raw_predictions', False,
+     'Also save single-channel PNGs of the class ids.'),
+    ('boolean', 'save_overlay', False,
+     'Also save image | prediction | blend side by side.'),
+    ('float', 'overlay_alpha', 0.5,
+     'Weight of the prediction colours in the overlay blend.'),
+    ('integer', 'max_number_of_images', 0,
+     'Stop after this many images (<= 0: all).'),
+    ('integer', 'max_number_of_iterations', 1,
+     'Accepted for compatibility with the original vis.py; deeplab-vis '
+     'always visualises one checkpoint once.'),
+)
+flag_table.define(_VIS_TABLE)
 
 
 @dataclasses.dataclass(frozen=True)
