@@ -5,7 +5,9 @@ The cluster tests start 1 ps + 2 workers on 127.0.0.1 ports chosen at run
 time, train the tiny mobilenet_v2 on the sample records, and check what each
 process did from its JSON result and its log. Every process runs in its own
 process group and is killed by the fixture's finaliser, also when a test
-fails; every wait has a timeout.
+fails; every wait has a timeout. Over 400 lines on purpose: parsing and
+the loopback clusters describe one feature, and the clusters' helpers
+(LocalCluster, the process fixture) are a third of the file.
 """
 import json
 import os

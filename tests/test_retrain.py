@@ -2,6 +2,9 @@
 
 The decisions are pure functions, tested here without TensorFlow or any
 command; tests/test_scripts.py runs whole rounds of scripts/cron_retrain.sh.
+Over 400 lines on purpose: a short section per decision of the policy
+(plan, training outcome, candidate, verdict, results, housekeeping), mostly
+tables of cases.
 """
 import json
 import os
