@@ -79,6 +79,16 @@ def test_required_flags(tmp_path, records, missing):
   assert result['message'].startswith('--%s is required' % missing)
 
 
+def test_logdir_that_is_a_file_is_named_and_kept(tmp_path, records):
+  (tmp_path / 'log').write_text('my notes')
+  code, result = _main(_args(tmp_path, records))
+  assert code == 2
+  assert result['message'].startswith('--train_logdir=%s is a file, not a '
+                                      'folder' % (tmp_path / 'log'))
+  assert 'delete' not in result['message']
+  assert (tmp_path / 'log').read_text() == 'my notes'
+
+
 def test_contradicting_model_flag_on_resume(tmp_path, records):
   (tmp_path / 'log').mkdir()
   config.save_run_config(str(tmp_path / 'log'), tt.tiny_model_options(),

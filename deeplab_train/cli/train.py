@@ -187,6 +187,11 @@ def options_from_flags():
         '--worker_hosts or TF_CONFIG): the cluster names the servers')
   common_flags.require(FLAGS.train_logdir, 'train_logdir',
                        ': the folder for checkpoints and summaries')
+  if os.path.exists(FLAGS.train_logdir) and not os.path.isdir(
+      FLAGS.train_logdir):
+    raise config.ConfigError(
+        '--train_logdir=%s is a file, not a folder: give the folder for '
+        'checkpoints and summaries (created if missing)', FLAGS.train_logdir)
   common_flags.require(FLAGS.dataset_dir, 'dataset_dir',
                        ': the folder of the TFRecords (see deeplab-build-data)')
   train_flags.check_unsupported()
