@@ -89,6 +89,27 @@ def test_logdir_that_is_a_file_is_named_and_kept(tmp_path, records):
   assert (tmp_path / 'log').read_text() == 'my notes'
 
 
+def test_result_json_that_cannot_be_written_is_refused_first(tmp_path,
+                                                             records):
+  (tmp_path / 'a_file').write_text('')
+  path = tmp_path / 'a_file' / 'result.json'
+  code, result = _main(_args(tmp_path, records,
+                             '--result_json=%s' % path))
+  assert code == 2
+  assert result['message'].startswith('--result_json=%s is under ' % path)
+  assert tt.latest_step(tmp_path / 'log') is None  # nothing trained
+
+
+def test_result_json_lost_at_the_end_is_not_exit_0(tmp_path, records,
+                                                   monkeypatch):
+  def disk_full(result, path):
+    raise OSError(28, 'No space left on device', path)
+  monkeypatch.setattr(train_cli.result_lib, 'write_result_json', disk_full)
+  code, result = _main(_args(tmp_path, records, '--training_number_of_steps=1',
+                             '--result_json=%s' % (tmp_path / 'r.json')))
+  assert result['status'] == 'ok' and code == 1
+
+
 def test_contradicting_model_flag_on_resume(tmp_path, records):
   (tmp_path / 'log').mkdir()
   config.save_run_config(str(tmp_path / 'log'), tt.tiny_model_options(),

@@ -28,6 +28,7 @@ from absl import flags
 
 from deeplab_train.cli import app
 from deeplab_train.cli import flag_table
+from deeplab_train.cli import output_paths
 from deeplab_train.config import ConfigError
 from deeplab_train.data import build
 from deeplab_train.data import colormap
@@ -127,6 +128,7 @@ def options_from_flags():
       class_names=tuple(FLAGS.class_names) if FLAGS.class_names else None,
       colormap=FLAGS.colormap, convert_rgb_labels=FLAGS.convert_rgb_labels,
       num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers).validate()
+  output_paths.check_output_folder('output_dir', FLAGS.output_dir)
   return BuildJob(
       options=options, image_folder=FLAGS.image_folder,
       output_dir=FLAGS.output_dir, label_format=FLAGS.label_format,

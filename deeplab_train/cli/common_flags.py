@@ -9,6 +9,7 @@ flag defaults; a model flag given explicitly that contradicts them is an
 error, so eval/vis/export never silently build a different network than the
 one that was trained.
 """
+
 from absl import flags
 
 from deeplab_train import config

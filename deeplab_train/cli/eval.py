@@ -24,6 +24,7 @@ from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
 from deeplab_train.cli import inference_flags
+from deeplab_train.cli import output_paths
 from deeplab_train.data import datasets
 from deeplab_train.evaluation import eval_loop
 from deeplab_train.evaluation import metrics
@@ -116,9 +117,13 @@ def options_from_flags():
       max_number_of_evaluations=FLAGS.max_number_of_evaluations,
       timeout_secs=FLAGS.eval_timeout_secs,
       result_json=FLAGS.eval_result_json).validate()
+  eval_logdir = FLAGS.eval_logdir or os.path.join(folder, 'eval')
+  # Checked now, not after the whole evaluation.
+  output_paths.check_output_folder('eval_logdir', eval_logdir)
+  output_paths.check_output_file('eval_result_json', FLAGS.eval_result_json)
   return EvalJob(
       checkpoint_dir=checkpoint_dir,
-      eval_logdir=FLAGS.eval_logdir or os.path.join(folder, 'eval'),
+      eval_logdir=eval_logdir,
       dataset_dir=FLAGS.dataset_dir, dataset_info=info,
       model_options=model_options,
       preprocess_options=inference_flags.preprocess_options(saved_pre),

@@ -25,6 +25,7 @@ from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
 from deeplab_train.cli import inference_flags
+from deeplab_train.cli import output_paths
 from deeplab_train.evaluation import predictor as predictor_lib
 from deeplab_train.export import freeze
 from deeplab_train.export import savedmodel
@@ -97,6 +98,8 @@ def options_from_flags():
   if not (FLAGS.export_path or FLAGS.saved_model_dir):
     raise config.ConfigError('--export_path (frozen .pb) and/or '
                              '--saved_model_dir is required')
+  output_paths.check_output_file('export_path', FLAGS.export_path)
+  output_paths.check_output_folder('saved_model_dir', FLAGS.saved_model_dir)
   checkpoint = predictor_lib.resolve_checkpoint(FLAGS.checkpoint_path)
   saved_model, saved_pre, _ = inference_flags.saved_run_config(
       os.path.dirname(checkpoint))

@@ -54,6 +54,7 @@ from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
 from deeplab_train.cli import train_flags
+from deeplab_train.cli import output_paths
 from deeplab_train.data import datasets
 from deeplab_train.data import pipeline
 from deeplab_train.model import registry
@@ -187,11 +188,8 @@ def options_from_flags():
         '--worker_hosts or TF_CONFIG): the cluster names the servers')
   common_flags.require(FLAGS.train_logdir, 'train_logdir',
                        ': the folder for checkpoints and summaries')
-  if os.path.exists(FLAGS.train_logdir) and not os.path.isdir(
-      FLAGS.train_logdir):
-    raise config.ConfigError(
-        '--train_logdir=%s is a file, not a folder: give the folder for '
-        'checkpoints and summaries (created if missing)', FLAGS.train_logdir)
+  output_paths.check_output_folder('train_logdir', FLAGS.train_logdir)
+  output_paths.check_output_file('result_json', FLAGS.result_json)
   common_flags.require(FLAGS.dataset_dir, 'dataset_dir',
                        ': the folder of the TFRecords (see deeplab-build-data)')
   train_flags.check_unsupported()
@@ -233,7 +231,12 @@ def run_job(job, start_time):
 
 
 def report(result, result_json=None):
-  """Prints the JSON result line (and the error line); writes result_json."""
+  """Prints the JSON result line (and the error line); writes result_json.
+
+  Returns:
+    False when result_json could not be written (the run then exits 1 even
+    if it trained: a caller reading that file would find nothing).
+  """
   if result.detail is not None:
     result = dataclasses.replace(
         result, message=app.user_message(result.detail, FLAG_NAMES))
@@ -245,6 +248,8 @@ def report(result, result_json=None):
       result_lib.write_result_json(result, result_json)
     except OSError as e:
       logging.error('cannot write --result_json=%s: %s', result_json, e)
+      return False
+  return True
 
 
 def main(argv):
@@ -266,7 +271,8 @@ def main(argv):
     result = result_lib.RunResult('error', 'error',
                                   seconds=time.time() - start,
                                   message='%s: %s' % (type(e).__name__, e))
-  report(result, result_json)
+  if not report(result, result_json) and result.exit_code == app.EXIT_OK:
+    return app.EXIT_UNEXPECTED
   return result.exit_code
 
 

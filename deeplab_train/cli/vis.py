@@ -22,6 +22,7 @@ from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
 from deeplab_train.cli import inference_flags
+from deeplab_train.cli import output_paths
 from deeplab_train.data import colormap as colormap_lib
 from deeplab_train.data import datasets
 from deeplab_train.evaluation import eval_loop
@@ -117,6 +118,7 @@ def options_from_flags():
   common_flags.require(FLAGS.checkpoint_dir, 'checkpoint_dir',
                        ' (the train_logdir or a checkpoint prefix)')
   common_flags.require(FLAGS.vis_logdir, 'vis_logdir')
+  output_paths.check_output_folder('vis_logdir', FLAGS.vis_logdir)
   if FLAGS.max_number_of_iterations != 1:
     logging.warning('--max_number_of_iterations=%d ignored: deeplab-vis '
                     'visualises the latest checkpoint once',
