@@ -244,3 +244,30 @@ def test_lost_checkpoint_state_resumes_from_the_newest_complete_checkpoint(
   assert (tmp_path / 'model.ckpt-0.index').read_bytes() == first
   assert 'resuming from the newest complete checkpoint on disk' in caplog.text
   assert tf.train.latest_checkpoint(str(tmp_path)).endswith('model.ckpt-5')
+
+
+def _truncate(path):
+  data = path.read_bytes()
+  path.write_bytes(data[:len(data) // 2])
+
+
+def test_cut_short_latest_checkpoint_resumes_from_the_one_before(tmp_path,
+                                                                caplog):
+  _train(tmp_path, steps=2, save_interval_steps=1)
+  first = (tmp_path / 'model.ckpt-1.index').read_bytes()
+  _truncate(tmp_path / 'model.ckpt-2.data-00000-of-00001')
+  with caplog.at_level('WARNING'):
+    result = _train(tmp_path, steps=4)
+  assert result.status == 'ok' and result.global_step == 4
+  assert 'model.ckpt-2, which cannot be read' in caplog.text
+  assert (tmp_path / 'model.ckpt-1.index').read_bytes() == first
+
+
+def test_no_readable_checkpoint_is_bad_input_not_a_fresh_start(tmp_path):
+  _train(tmp_path, steps=2)  # model.ckpt-0 and -2
+  for step in (0, 2):
+    _truncate(tmp_path / ('model.ckpt-%d.data-00000-of-00001' % step))
+  result = _train(tmp_path, steps=4)
+  assert (result.status, result.exit_code) == ('bad_input', 2)
+  assert 'cannot be read' in result.message
+  assert tt.latest_step(tmp_path) == 2  # nothing was written over them

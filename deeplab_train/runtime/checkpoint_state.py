@@ -4,9 +4,11 @@ TensorFlow finds the latest checkpoint through the small `checkpoint` state
 file. When that file is missing, unreadable or names checkpoint files that
 are gone, tf.train.latest_checkpoint answers None, and a resumed run would
 start again from step 0 on top of the existing checkpoints (overwriting
-model.ckpt-0 and orphaning the rest). `repair` looks at the checkpoint files
-themselves instead and, when a complete one exists, rewrites the state file
-to name the newest (saying so), so that the run resumes from it.
+model.ckpt-0 and orphaning the rest); when the latest checkpoint's data is
+cut short (a full disk, a copy stopped half-way), restoring it fails.
+`repair` looks at the checkpoint files themselves and, when the latest is
+missing or unreadable, rewrites the state file to name the newest complete
+and readable one (saying so), so that the run resumes from it.
 """
 import glob
 import logging
@@ -14,6 +16,8 @@ import os
 import re
 
 import tensorflow.compat.v1 as tf
+
+from deeplab_train import config
 
 _INDEX = re.compile(r'^(?P<prefix>.*-(?P<step>\d+))\.index$')
 _SHARD = re.compile(r'\.data-(\d{5})-of-(\d{5})$')
@@ -41,27 +45,63 @@ def complete_checkpoints(logdir, basename='model.ckpt'):
   return [prefix for _, prefix in sorted(found)]
 
 
+def readable(prefix):
+  """Whether every tensor of the checkpoint `prefix` can be read (a
+  truncated or damaged data file cannot)."""
+  try:
+    reader = tf.train.NewCheckpointReader(prefix)
+    for name in reader.get_variable_to_shape_map():
+      reader.get_tensor(name)
+  except Exception:  # pylint: disable=broad-except
+    # TensorFlow raises DataLossError, OutOfRangeError or IndexError ("Read
+    # less bytes than requested") depending on where the data stops.
+    return False
+  return True
+
+
 def repair(logdir, basename='model.ckpt'):
-  """The latest checkpoint of `logdir`, the state file rewritten if needed.
+  """The checkpoint of `logdir` to resume from, the state file rewritten if
+  needed.
 
   Returns:
-    The prefix tf.train.latest_checkpoint gives, or, when it gives None but
-    complete checkpoints are on disk, the newest of them, after rewriting
-    the state file to name it (and the others, oldest first). None when
-    the logdir holds no complete checkpoint.
+    The prefix tf.train.latest_checkpoint gives when it is readable.
+    Otherwise (no state file, a damaged one, or a latest checkpoint whose
+    files are gone or damaged) the newest complete and readable checkpoint
+    on disk, after rewriting the state file to name it (and the complete
+    ones before it), with a warning saying why. None when the logdir holds
+    no checkpoint.
+
+  Raises:
+    ConfigError: checkpoints are there but none can be read.
   """
   try:
     latest = tf.train.latest_checkpoint(logdir)
   except (UnicodeDecodeError, ValueError, tf.errors.OpError):
     latest = None  # a state file that is not text: TensorFlow raises
-  if latest or not os.path.isdir(logdir):
+  if latest and readable(latest):
     return latest
-  prefixes = complete_checkpoints(logdir, basename)
-  if not prefixes:
+  if not os.path.isdir(logdir):
     return None
   state = os.path.join(logdir, 'checkpoint')
-  why = ('is missing' if not os.path.exists(state)
-         else 'is unreadable or names checkpoint files that are gone')
+  if latest:
+    why = 'names %s, which cannot be read (damaged or cut short)' % latest
+  elif not os.path.exists(state):
+    why = 'is missing'
+  else:
+    why = 'is unreadable or names checkpoint files that are gone'
+  prefixes = [p for p in complete_checkpoints(logdir, basename)
+              if os.path.abspath(p) != os.path.abspath(latest or '')]
+  while prefixes and not readable(prefixes[-1]):
+    logging.warning('checkpoint %s cannot be read (damaged or cut short); '
+                    'skipping it', prefixes.pop())
+  if not prefixes:
+    if latest or complete_checkpoints(logdir, basename):
+      # Never start over on top of checkpoints that are there.
+      raise config.ConfigError(
+          'the checkpoints in %s cannot be read (damaged or cut short; the '
+          'state file %s); move them away or use another train_logdir to '
+          'start afresh', logdir, why)
+    return None
   logging.warning('%s %s; resuming from the newest complete checkpoint on '
                   'disk, %s, and rewriting the state file to name it',
                   state, why, prefixes[-1])
