@@ -182,6 +182,37 @@ def test_contradicting_flag_and_missing_checkpoint(tiny_ckpt, tmp_path,
   assert not os.path.exists(pb)
 
 
+def _damaged_copy(prefix, folder):
+  """A copy of checkpoint `prefix` whose data file is cut in half."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  src = os.path.dirname(prefix)
+  shutil.copytree(src, folder)
+  copy = os.path.join(folder, os.path.basename(prefix))
+  data = copy + '.data-00000-of-00001'
+  with open(data, 'rb') as f:
+    content = f.read()
+  with open(data, 'wb') as f:
+    f.write(content[:len(content) // 2])
+  return copy
+
+
+def test_damaged_checkpoint_is_named_not_a_traceback(tiny_ckpt, tmp_path,
+                                                     capsys):
+  damaged = _damaged_copy(tiny_ckpt, str(tmp_path / 'train'))
+  pb = str(tmp_path / 'x.pb')
+  assert et.run_cli(export_cli, ['--checkpoint_path=' + damaged,
+                                 '--export_path=' + pb]) == 2
+  err = capsys.readouterr().err
+  assert ('checkpoint %s cannot be read: its data is damaged or cut short'
+          % damaged) in err
+  assert 'Traceback' not in err and not os.path.exists(pb)
+  # Eval and vis restore through the same Predictor.
+  with predictor_lib.Predictor(et.tiny_model_options(),
+                               config.InferenceOptions()) as predictor:
+    with pytest.raises(config.ConfigError, match='damaged or cut short'):
+      predictor.restore(damaged)
+
+
 @pytest.mark.slow
 def test_reference_checkpoint_reproduces_reference_predictions(
     reference_dir, tmp_path):

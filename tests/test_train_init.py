@@ -124,6 +124,20 @@ def _write_checkpoint(prefix, named_shapes):
       tf.train.Saver(variables).save(sess, prefix, write_meta_graph=False)
 
 
+def test_damaged_initial_checkpoint_is_named(checkpoint_21, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  prefix, _ = checkpoint_21
+  copy = str(tmp_path / 'model.ckpt')
+  for suffix in ('.index', '.data-00000-of-00001'):
+    shutil.copy(prefix + suffix, copy + suffix)
+  data = tmp_path / 'model.ckpt.data-00000-of-00001'
+  data.write_bytes(data.read_bytes()[:1000])
+  with pytest.raises(config.ConfigError,
+                     match='checkpoint %s cannot be read: its data is '
+                     'damaged or cut short' % copy):
+    _init_5_classes(copy, initialize_last_layer=False)
+
+
 def test_backbone_shape_mismatch_is_an_error(tmp_path):
   prefix = str(tmp_path / 'other.ckpt')
   _write_checkpoint(prefix, [('MobilenetV2/Conv/weights', [3, 3, 3, 32]),

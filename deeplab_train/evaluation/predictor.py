@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
+from deeplab_train import restore as restore_lib
 from deeplab_train.model import deeplab
 from deeplab_train.model import registry
 
@@ -199,7 +200,7 @@ class Predictor:
     """Loads the network's variables from a checkpoint prefix."""
     check_checkpoint_matches(checkpoint_path, self._variables)
     with self.graph.as_default():
-      self._saver.restore(self._session, checkpoint_path)
+      restore_lib.restore(self._saver, self._session, checkpoint_path)
     self.checkpoint_path = checkpoint_path
 
   def predict(self, images, names=None):

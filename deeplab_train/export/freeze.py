@@ -22,6 +22,7 @@ import tensorflow.compat.v1 as tf
 from deeplab_train.data import preprocess
 from deeplab_train.evaluation import predictor
 from deeplab_train import atomic
+from deeplab_train import restore as restore_lib
 from deeplab_train.model import deeplab
 from deeplab_train.model import registry
 
@@ -138,7 +139,7 @@ def freeze(checkpoint_path, model_options, export_options):
     for node in graph_def.node:
       node.device = ''
     with tf.Session(graph=graph) as sess:
-      saver.restore(sess, checkpoint_path)
+      restore_lib.restore(saver, sess, checkpoint_path)
       frozen = tf.graph_util.convert_variables_to_constants(
           sess, graph_def, [t.op.name for t in tensors['outputs']])
   return frozen, graph_def, checkpoint_path

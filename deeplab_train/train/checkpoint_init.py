@@ -21,6 +21,7 @@ from typing import List, Optional, Tuple
 from absl import logging
 import tensorflow.compat.v1 as tf
 
+from deeplab_train import restore as restore_lib
 from deeplab_train.config import ConfigError
 from deeplab_train.train import scopes
 
@@ -74,7 +75,7 @@ class InitPlan:
   def init_fn(self, unused_scaffold, session):
     """Restores the planned variables (Scaffold's init_fn signature)."""
     if self.saver is not None:
-      self.saver.restore(session, self.checkpoint)
+      restore_lib.restore(self.saver, session, self.checkpoint)
     logging.info('Initialised %d variables from %s', len(self.restored),
                  self.checkpoint)
 
