@@ -135,6 +135,22 @@ def test_crop_too_small_names_image_and_size(tiny, capsys):
   assert '--eval_crop_size=41,41' in err
 
 
+def test_cut_short_shard_is_named(tiny, tmp_path, capsys):
+  import shutil  # pylint: disable=g-import-not-at-top
+  data = tmp_path / 'data'
+  shutil.copytree(tiny['data'], data)
+  shard = sorted(data.glob('val-*.tfrecord'))[0]
+  shard.write_bytes(shard.read_bytes()[:30])  # inside the first record
+  code = et.run_cli(eval_cli, ['--checkpoint_dir=' + tiny['train'],
+                               '--dataset_dir=%s' % data,
+                               '--eval_logdir=%s' % (tmp_path / 'e')])
+  err = capsys.readouterr().err
+  assert code == 2
+  assert ('corrupted TFRecord input: %s: record 0 (byte offset 0) is '
+          'damaged or cut short' % shard) in err
+  assert 'Traceback' not in err
+
+
 def test_contradicting_model_flag_is_an_error(tiny, capsys):
   code = et.run_cli(eval_cli, ['--checkpoint_dir=' + tiny['train'],
                                '--dataset_dir=' + tiny['data'],

@@ -181,6 +181,25 @@ def test_bad_labels_met_while_training_are_bad_input(tmp_path):
   assert 'train_0000' in result.message
 
 
+def test_cut_short_shard_is_named_with_the_record(tmp_path):
+  from deeplab_train.train import inputs  # pylint: disable=g-import-not-at-top
+  info = tt.make_tfrecords(tmp_path / 'records', count=3)
+  shard, = (tmp_path / 'records').glob('train-*.tfrecord')
+  sizes = [len(r) + 16 for r in tf.io.tf_record_iterator(str(shard))]
+  # Cut inside the third record: the first two stay readable.
+  data = shard.read_bytes()
+  shard.write_bytes(data[:sizes[0] + sizes[1] + 20])
+  preprocess = config.PreprocessOptions(crop_size=(33, 33))
+  result = _train(tmp_path / 'log', steps=10, input_fn=inputs.make_input_fn(
+      str(tmp_path / 'records'), 'train', info, preprocess, 2,
+      (127.5, 127.5, 127.5)))
+  assert (result.status, result.exit_code) == ('bad_input', 2)
+  assert result.message == (
+      'corrupted TFRecord input: %s: record 2 (byte offset %d) is damaged '
+      'or cut short; convert the data again with deeplab-build-data'
+      % (shard, sizes[0] + sizes[1]))
+
+
 @pytest.mark.slow
 def test_loss_falls_when_overfitting_sample_images(tmp_path):
   """The real model and input pipeline on four sample images."""

@@ -104,18 +104,43 @@ def split_files(dataset_dir, split):
 DATA_ERROR_TAG = 'bad input data: '
 
 
-def data_error_message(error):
+def data_error_message(error, record_files=None):
   """A one-line message when a step failed on bad input data, else None.
 
   Args:
     error: an exception raised while running a graph fed by this pipeline.
+    record_files: the TFRecord files it read, to name the damaged one
+      (TensorFlow's error does not).
   """
   if isinstance(error, tf.errors.DataLossError):
+    found = damaged_record(record_files or ())
+    if found:
+      return ('corrupted TFRecord input: %s: record %d (byte offset %d) is '
+              'damaged or cut short; convert the data again with '
+              'deeplab-build-data' % found)
     return 'corrupted TFRecord input: %s' % _first_line(error.message)
   if (isinstance(error, tf.errors.InvalidArgumentError)
       and DATA_ERROR_TAG in error.message):
     text = error.message
     return _first_line(text[text.index(DATA_ERROR_TAG):])
+  return None
+
+
+def damaged_record(files):
+  """(file, record index, byte offset) of the first record of `files` that
+  cannot be read (cut short or failing its checksum), or None.
+
+  Reads every file once: called only after a read failed.
+  """
+  for path in files:
+    index = offset = 0
+    try:
+      for record in tf.io.tf_record_iterator(path):
+        # Each record: length (8), its CRC (4), the data, the data's CRC (4).
+        offset += len(record) + 16
+        index += 1
+    except tf.errors.DataLossError:
+      return path, index, offset
   return None
 
 

@@ -74,6 +74,9 @@ def iterate_split(dataset_dir, split, dataset_info, preprocess_options,
         except tf.errors.InvalidArgumentError as e:
           raise InputDataError('split %r of %s: %s'
                                % (split, dataset_dir, e.message)) from None
+        except tf.errors.DataLossError as e:
+          raise InputDataError('%s', pipeline.data_error_message(
+              e, pipeline.split_files(dataset_dir, split))) from None
         yield _unbatch(sample)
 
 

@@ -307,7 +307,8 @@ class TrainingRun:
                           checkpoint=tf.train.latest_checkpoint(logdir),
                           message=str(e))
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-      message = pipeline.data_error_message(e)
+      files = getattr(self.spec.input_fn, 'record_files', None)
+      message = pipeline.data_error_message(e, files() if files else None)
       if message is None:
         raise
       logging.error('%s', message)

@@ -22,11 +22,14 @@ def make_input_fn(dataset_dir, split, dataset_info, preprocess_options,
     seed: for a reproducible input order and augmentation.
 
   Returns:
-    The input_fn for `build_training_graph`.
+    The input_fn for `build_training_graph`; its `record_files()` lists the
+    TFRecord files it reads (to name a damaged one).
   """
   def input_fn():
     dataset = pipeline.make_dataset(
         dataset_dir, split, dataset_info, preprocess_options, batch_size,
         is_training=True, mean_pixel=mean_pixel, seed=seed)
     return tf.data.make_one_shot_iterator(dataset).get_next()
+  # Which files a failed read came from is looked up only after a failure.
+  input_fn.record_files = lambda: pipeline.split_files(dataset_dir, split)
   return input_fn
