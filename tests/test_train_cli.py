@@ -110,15 +110,33 @@ def test_result_json_lost_at_the_end_is_not_exit_0(tmp_path, records,
   assert result['status'] == 'ok' and code == 1
 
 
-def test_contradicting_model_flag_on_resume(tmp_path, records):
+def _saved_config_only(tmp_path):
   (tmp_path / 'log').mkdir()
   config.save_run_config(str(tmp_path / 'log'), tt.tiny_model_options(),
                          config.PreprocessOptions(crop_size=(33, 33)),
                          {'name': 'shapes', 'num_classes': 5,
                           'ignore_label': 255})
+
+
+def test_contradicting_model_flag_on_resume(tmp_path, records):
+  _saved_config_only(tmp_path)
+  # A checkpoint written with the saved options (its files are enough).
+  for suffix in ('.index', '.data-00000-of-00001'):
+    (tmp_path / 'log' / ('model.ckpt-5' + suffix)).write_bytes(b'')
   code, result = _main(_args(tmp_path, records, '--depth_multiplier=0.5'))
   assert code == 2
   assert '--depth_multiplier=0.5 (trained with 0.25)' in result['message']
+
+
+def test_saved_config_without_a_checkpoint_takes_new_model_flags(tmp_path,
+                                                                 records):
+  """A run stopped before its first checkpoint may start with others."""
+  _saved_config_only(tmp_path)
+  code, result = _main(_args(tmp_path, records, '--depth_multiplier=0.5',
+                             '--training_number_of_steps=1'))
+  assert (code, result['status'], result['global_step']) == (0, 'ok', 1)
+  saved_model, _, _ = config.load_run_config(str(tmp_path / 'log'))
+  assert saved_model.depth_multiplier == 0.5
 
 
 def test_unknown_flag_exits_2(capsys):

@@ -58,6 +58,7 @@ from deeplab_train.cli import output_paths
 from deeplab_train.data import datasets
 from deeplab_train.data import pipeline
 from deeplab_train.model import registry
+from deeplab_train.runtime import checkpoint_state
 from deeplab_train.runtime import cluster as cluster_lib
 from deeplab_train.runtime import cluster_spec
 from deeplab_train.runtime import result as result_lib
@@ -195,8 +196,12 @@ def options_from_flags():
   train_flags.check_unsupported()
   crop = train_flags.train_crop()
   info = datasets.load_dataset_info(FLAGS.dataset, FLAGS.dataset_dir)
-  saved_model, saved_pre, _ = (config.load_run_config(FLAGS.train_logdir) or
-                               (None, None, None))
+  # The saved options bind only once a checkpoint was written with them: a
+  # run stopped before its first checkpoint may be started again otherwise.
+  saved = (config.load_run_config(FLAGS.train_logdir)
+           if checkpoint_state.complete_checkpoints(FLAGS.train_logdir)
+           else None)
+  saved_model, saved_pre, _ = saved or (None, None, None)
   model_options = common_flags.model_options(info.num_classes, crop,
                                              saved=saved_model)
   preprocess = train_flags.preprocess_options(crop, saved_pre)
