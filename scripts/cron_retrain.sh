@@ -105,7 +105,8 @@ set_defaults() {
 }
 
 # Stops (exit 1, before any log is written) on a setting the policy finds
-# bad, or when $PYTHON cannot ask it.
+# bad, or when $PYTHON cannot ask it; the summary line (no log yet) still
+# tells cron why.
 check_settings() {
   local name answer settings=()
   for name in DATA_DIR WORK_DIR NUM_CLASSES IGNORE_LABEL NUM_SHARDS \
@@ -113,9 +114,16 @@ check_settings() {
     TRAIN_ONLY_ON_NEW_DATA MIOU_MARGIN; do
     settings+=("$name=${!name}")
   done
-  answer=$(policy check -- "${settings[@]}") ||
+  if ! answer=$(policy check -- "${settings[@]}"); then
+    # Python cannot write this line: it has only status, exit code and log.
+    printf '{"status": "failed", "exit_code": %d, "log": ""}\n' "$EXIT_FAILURE"
     die "$PYTHON cannot run deeplab_train.retrain (put the deeplab-train virtualenv first on PATH, or set PYTHON to its python)"
-  [[ -z $answer ]] || die "${answer#problem=}"
+  fi
+  if [[ -n $answer ]]; then
+    policy summary --exit_code="$EXIT_FAILURE" --status=failed --log_file= \
+      --message="${answer#problem=}"
+    die "${answer#problem=}"
+  fi
   set_recipe_defaults
 }
 

@@ -59,6 +59,21 @@ def test_cron_requires_data_and_work_dir(tmp_path):
                              env=fake_voc.script_env(DATA_DIR=''))
   assert proc.returncode == 1
   assert '--data_dir' in proc.stderr
+  # cron still gets the summary line (there is no log yet).
+  summary = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert (summary['status'], summary['exit_code']) == ('failed', 1)
+  assert '--data_dir' in summary['message'] and summary['log'] == ''
+
+
+def test_cron_bad_setting_prints_the_summary_line(tmp_path):
+  proc = fake_voc.run_script('cron_retrain.sh', '--data_dir', tmp_path,
+                             '--work_dir', tmp_path / 'work', '--steps', 'abc')
+  assert proc.returncode == 1
+  summary = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert summary['status'] == 'failed'
+  assert "STEPS_PER_RUN must be a non-negative integer, got 'abc'" in (
+      summary['message'])
+  assert not (tmp_path / 'work').exists()
 
 
 def test_cron_missing_data_folder_fails_without_touching_work(tmp_path):
