@@ -136,7 +136,6 @@ def test_crop_too_small_names_image_and_size(tiny, capsys):
 
 
 def test_cut_short_shard_is_named(tiny, tmp_path, capsys):
-  import shutil  # pylint: disable=g-import-not-at-top
   data = tmp_path / 'data'
   shutil.copytree(tiny['data'], data)
   shard = sorted(data.glob('val-*.tfrecord'))[0]
@@ -149,6 +148,24 @@ def test_cut_short_shard_is_named(tiny, tmp_path, capsys):
   assert ('corrupted TFRecord input: %s: record 0 (byte offset 0) is '
           'damaged or cut short' % shard) in err
   assert 'Traceback' not in err
+
+
+def test_class_count_of_another_dataset_names_its_source(tiny, tmp_path,
+                                                         capsys):
+  data = tmp_path / 'data'
+  shutil.copytree(tiny['data'], data)
+  described = json.loads((data / 'dataset.json').read_text())
+  trained = described['num_classes']
+  described.update(num_classes=trained + 2, class_names=None)
+  (data / 'dataset.json').write_text(json.dumps(described))
+  code = et.run_cli(eval_cli, ['--checkpoint_dir=' + tiny['train'],
+                               '--dataset_dir=%s' % data,
+                               '--eval_logdir=%s' % (tmp_path / 'e')])
+  err = capsys.readouterr().err
+  assert code == 2
+  assert ('%s gives %d classes but the checkpoint was trained with %d'
+          % (data / 'dataset.json', trained + 2, trained)) in err
+  assert 'Drop these flags' not in err  # no flag was given
 
 
 def test_contradicting_model_flag_is_an_error(tiny, capsys):

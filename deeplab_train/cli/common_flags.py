@@ -10,10 +10,13 @@ error, so eval/vis/export never silently build a different network than the
 one that was trained.
 """
 
+import os
+
 from absl import flags
 
 from deeplab_train import config
 from deeplab_train.cli import flag_table
+from deeplab_train.data import datasets
 
 FLAGS = flags.FLAGS
 
@@ -142,7 +145,8 @@ def explicitly_set(name):
   return FLAGS[name].present > 0
 
 
-def model_options(num_classes, crop_size, saved=None, defaults=None):
+def model_options(num_classes, crop_size, saved=None, defaults=None,
+                  num_classes_from='--num_classes'):
   """ModelOptions from the model flags, reconciled with saved options.
 
   Args:
@@ -152,12 +156,15 @@ def model_options(num_classes, crop_size, saved=None, defaults=None):
       checkpoint: the flags then describe the network).
     defaults: {flag name: value} replacing flag defaults (a command whose
       original had other defaults); an explicit flag still wins.
+    num_classes_from: where num_classes came from, for the message when it
+      contradicts the saved options (see `classes_source`).
 
   Returns:
     A validated ModelOptions.
 
   Raises:
-    config.ConfigError: an explicit model flag contradicts the saved options.
+    config.ConfigError: an explicit model flag, or the class count,
+      contradicts the saved options.
   """
   values = _flag_model_values(defaults)
   if saved is not None:
@@ -167,17 +174,32 @@ def model_options(num_classes, crop_size, saved=None, defaults=None):
       if explicitly_set(name) and _normalise(value) != _normalise(saved_value):
         conflicts.append('--%s=%s (trained with %s)'
                          % (name, _show(value), _show(saved_value)))
-    if saved.num_classes != num_classes:
-      conflicts.append('num_classes %d (trained with %d)'
-                       % (num_classes, saved.num_classes))
+    problems = []
     if conflicts:
-      raise config.ConfigError(
-          'model flags contradict the options saved with the checkpoint (%s): '
-          '%s. Drop these flags; the saved options are used.'
+      problems.append(
+          'model flags contradict the options saved with the checkpoint '
+          '(%s): %s. Drop these flags; the saved options are used.'
           % (config.RUN_CONFIG_FILENAME, '; '.join(conflicts)))
+    if saved.num_classes != num_classes:
+      problems.append(
+          '%s gives %d classes but the checkpoint was trained with %d (%s): '
+          'use the dataset it was trained on, or start a new run for %d '
+          'classes' % (num_classes_from, num_classes, saved.num_classes,
+                       config.RUN_CONFIG_FILENAME, num_classes))
+    if problems:
+      raise config.ConfigError('%s', ' '.join(problems))
     return saved.replace(crop_size=crop_size).validate()
   return config.ModelOptions(num_classes=num_classes, crop_size=crop_size,
                              **values).validate()
+
+
+def classes_source(dataset_dir):
+  """Where a command's class count comes from, for messages: the folder's
+  dataset.json, else the built-in dataset named by --dataset."""
+  if dataset_dir and os.path.isfile(os.path.join(dataset_dir,
+                                                 datasets.DATASET_JSON)):
+    return os.path.join(dataset_dir, datasets.DATASET_JSON)
+  return "--dataset=%s (the built-in dataset's table)" % FLAGS.dataset
 
 
 def resize_values(saved=None):

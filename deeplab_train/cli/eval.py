@@ -107,8 +107,9 @@ def options_from_flags():
       folder if os.path.isdir(folder) else None)
   info = datasets.load_dataset_info(common_flags.dataset_name(saved_dataset),
                                     FLAGS.dataset_dir)
-  model_options = common_flags.model_options(info.num_classes, None,
-                                             saved=saved_model)
+  model_options = common_flags.model_options(
+      info.num_classes, None, saved=saved_model,
+      num_classes_from=common_flags.classes_source(FLAGS.dataset_dir))
   inference = inference_flags.inference_options('eval_crop_size',
                                                 'eval_scales').validate()
   eval_options = config.EvalOptions(

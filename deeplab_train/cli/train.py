@@ -202,8 +202,9 @@ def options_from_flags():
            if checkpoint_state.complete_checkpoints(FLAGS.train_logdir)
            else None)
   saved_model, saved_pre, _ = saved or (None, None, None)
-  model_options = common_flags.model_options(info.num_classes, crop,
-                                             saved=saved_model)
+  model_options = common_flags.model_options(
+      info.num_classes, crop, saved=saved_model,
+      num_classes_from=common_flags.classes_source(FLAGS.dataset_dir))
   preprocess = train_flags.preprocess_options(crop, saved_pre)
   train = train_flags.train_options()
   runs = run_options()

@@ -131,8 +131,9 @@ def options_from_flags():
   return VisJob(
       checkpoint=checkpoint, vis_logdir=FLAGS.vis_logdir,
       batch_size=FLAGS.vis_batch_size, dataset_info=info,
-      model_options=common_flags.model_options(info.num_classes, None,
-                                               saved=saved_model),
+      model_options=common_flags.model_options(
+          info.num_classes, None, saved=saved_model,
+          num_classes_from=common_flags.classes_source(FLAGS.dataset_dir)),
       preprocess_options=inference_flags.preprocess_options(saved_pre),
       inference=inference_flags.inference_options(
           'vis_crop_size', 'eval_scales').validate(),
