@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -135,15 +136,24 @@ def test_crop_too_small_names_image_and_size(tiny, capsys):
   assert '--eval_crop_size=41,41' in err
 
 
-def test_cut_short_shard_is_named(tiny, tmp_path, capsys):
+def _eval_on_a_copy(tiny, tmp_path, capsys, damage):
+  """deeplab-eval on a copy of the tiny dataset changed by damage(folder):
+  (exit code, stderr, the copy's folder)."""
   data = tmp_path / 'data'
   shutil.copytree(tiny['data'], data)
-  shard = sorted(data.glob('val-*.tfrecord'))[0]
-  shard.write_bytes(shard.read_bytes()[:30])  # inside the first record
+  damage(data)
   code = et.run_cli(eval_cli, ['--checkpoint_dir=' + tiny['train'],
                                '--dataset_dir=%s' % data,
                                '--eval_logdir=%s' % (tmp_path / 'e')])
-  err = capsys.readouterr().err
+  return code, capsys.readouterr().err, data
+
+
+def test_cut_short_shard_is_named(tiny, tmp_path, capsys):
+  def cut_first_shard(data):
+    shard = sorted(data.glob('val-*.tfrecord'))[0]
+    shard.write_bytes(shard.read_bytes()[:30])  # inside the first record
+  code, err, data = _eval_on_a_copy(tiny, tmp_path, capsys, cut_first_shard)
+  shard = sorted(data.glob('val-*.tfrecord'))[0]
   assert code == 2
   assert ('corrupted TFRecord input: %s: record 0 (byte offset 0) is '
           'damaged or cut short' % shard) in err
@@ -152,16 +162,14 @@ def test_cut_short_shard_is_named(tiny, tmp_path, capsys):
 
 def test_class_count_of_another_dataset_names_its_source(tiny, tmp_path,
                                                          capsys):
-  data = tmp_path / 'data'
-  shutil.copytree(tiny['data'], data)
-  described = json.loads((data / 'dataset.json').read_text())
-  trained = described['num_classes']
-  described.update(num_classes=trained + 2, class_names=None)
-  (data / 'dataset.json').write_text(json.dumps(described))
-  code = et.run_cli(eval_cli, ['--checkpoint_dir=' + tiny['train'],
-                               '--dataset_dir=%s' % data,
-                               '--eval_logdir=%s' % (tmp_path / 'e')])
-  err = capsys.readouterr().err
+  trained = json.loads(
+      (pathlib.Path(tiny['data']) / 'dataset.json').read_text())['num_classes']
+
+  def two_more_classes(data):
+    described = json.loads((data / 'dataset.json').read_text())
+    described.update(num_classes=trained + 2, class_names=None)
+    (data / 'dataset.json').write_text(json.dumps(described))
+  code, err, data = _eval_on_a_copy(tiny, tmp_path, capsys, two_more_classes)
   assert code == 2
   assert ('%s gives %d classes but the checkpoint was trained with %d'
           % (data / 'dataset.json', trained + 2, trained)) in err

@@ -37,6 +37,7 @@ from deeplab_train.train import graph as graph_lib
 import initializer_facts
 import reference_checkpoint
 import step_digest
+import train_testing as tt
 
 FLAGS = flags.FLAGS
 NUM_CLASSES = 21
@@ -124,16 +125,13 @@ class _Restart:
   once (an assign per model variable, reused for every run)."""
 
   def __init__(self, g, variables, start):
+    assign, self._feeds = tt.assign_from_values(
+        g.graph, variables, lambda v: start[v.op.name])
     with g.graph.as_default():
-      self._feeds, assigns = {}, []
-      for var in variables:
-        ph = tf.placeholder(var.dtype.base_dtype, var.shape)
-        assigns.append(tf.assign(var, ph))
-        self._feeds[ph] = start[var.op.name]
       chosen = set(variables)
       # Momentum slots at 0 (and the rest of the optimizer's state fresh).
       others = [v for v in tf.global_variables() if v not in chosen]
-      self._ops = [tf.group(*assigns), tf.variables_initializer(others)]
+      self._ops = [assign, tf.variables_initializer(others)]
 
   def __call__(self, sess):
     sess.run(self._ops, self._feeds)

@@ -155,16 +155,22 @@ def latest_step(logdir):
   return None if prefix is None else int(prefix.rsplit('-', 1)[1])
 
 
-def load_values(session, variables, value_fn):
-  """Sets each variable to value_fn(variable) in one run (Variable.load
-  would add an op per call)."""
-  with session.graph.as_default():
+def assign_from_values(graph, variables, value_fn):
+  """(op, feeds): running op with feeds sets each variable to
+  value_fn(variable); build it once to set the same values many times."""
+  with graph.as_default():
     feeds, assigns = {}, []
     for var in variables:
       ph = tf.placeholder(var.dtype.base_dtype, var.shape)
       assigns.append(tf.assign(var, ph))
       feeds[ph] = value_fn(var)
-  session.run(assigns, feeds)
+    return tf.group(*assigns), feeds
+
+
+def load_values(session, variables, value_fn):
+  """Sets each variable to value_fn(variable) in one run (Variable.load
+  would add an op per call)."""
+  session.run(*assign_from_values(session.graph, variables, value_fn))
 
 
 def read_checkpoint(prefix):
