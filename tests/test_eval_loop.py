@@ -1,4 +1,5 @@
 """deeplab-eval end to end on a tiny split, and its failure modes."""
+import errno
 import glob
 import json
 import os
@@ -87,6 +88,31 @@ def test_eval_matches_exported_graph(tiny, tmp_path, capsys):
           for v in e.summary.value}
   assert {'eval/miou_1.0_overall', 'eval/miou_1.0_class_0',
           'eval/pixel_accuracy'} <= tags
+
+
+def test_metrics_are_printed_when_the_results_cannot_be_written(
+    tiny, tmp_path, capsys, monkeypatch):
+  # Checked writable at the start, then the disk fills up by the end.
+  def full_disk(path, value):
+    raise OSError(errno.ENOSPC, 'No space left on device', path)
+  monkeypatch.setattr(eval_loop.atomic, 'write_json', full_disk)
+  eval_dir = tmp_path / 'eval'
+  code = et.run_cli(eval_cli, [
+      '--checkpoint_dir=' + tiny['train'], '--dataset_dir=' + tiny['data'],
+      '--eval_logdir=%s' % eval_dir, '--eval_crop_size=41,41'])
+  captured = capsys.readouterr()
+  assert code == 1
+  result = _last_json_line(captured.out)
+  assert result['status'] == 'error'
+  assert result['num_images'] == 4 and 0 <= result['miou'] <= 1
+  assert 'mIoU %.4f' % result['miou'] in captured.out
+  message = ('cannot write the evaluation results to %s/eval_result.json: '
+             'No space left on device (the metrics are printed above)'
+             % eval_dir)
+  assert result['message'] == message
+  assert captured.err.strip().splitlines()[-1] == 'deeplab-eval: error: ' + (
+      message)
+  assert 'Traceback' not in captured.err
 
 
 def test_padding_is_not_scored(tiny):

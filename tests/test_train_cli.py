@@ -8,9 +8,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from absl import flags
 import pytest
+import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
 from deeplab_train.cli import train as train_cli
@@ -118,6 +120,48 @@ def _saved_config_only(tmp_path):
                           'ignore_label': 255})
 
 
+def test_full_disk_while_saving_keeps_the_last_checkpoint(tmp_path, records,
+                                                         monkeypatch):
+  # A fake writer: the second save (the final one, step 5) leaves partial
+  # files and fails as TensorFlow does on ENOSPC.
+  real_save = tf.train.Saver.save
+  calls = []
+
+  def save(self, sess, save_path, global_step=None, **kwargs):
+    calls.append(global_step)
+    if len(calls) == 1:
+      return real_save(self, sess, save_path, global_step=global_step,
+                       **kwargs)
+    prefix = '%s-%d' % (save_path, global_step)
+    with open(prefix + '.data-00000-of-00001.tempstate123', 'wb') as f:
+      f.write(b'partial')
+    os.makedirs(prefix + '_temp')
+    with open(os.path.join(prefix + '_temp', 'part'), 'wb') as f:
+      f.write(b'partial')
+    # As TensorFlow words it (seen with a file-size limit: '; File too
+    # large').
+    raise tf.errors.ResourceExhaustedError(
+        None, None, 'Graph execution error:\n\nDetected at node '
+        '\'save/SaveV2\'\nNode: \'save/SaveV2\'\n%s.data-00000-of-00001.'
+        'tempstate123; No space left on device' % prefix)
+
+  monkeypatch.setattr(tf.train.Saver, 'save', save)
+  logdir = tmp_path / 'log'
+  code, result = _main(_args(tmp_path, records))
+  assert calls == [0, 5]
+  assert code == 1
+  assert result['status'] == 'error'
+  assert result['stop_reason'] == 'checkpoint_not_saved'
+  assert result['message'].startswith(
+      'cannot save checkpoint %s/model.ckpt-5: no space left on device. '
+      'Free space in %s' % (logdir, logdir))
+  assert result['checkpoint'] == '%s/model.ckpt-0' % logdir
+  assert 'model.ckpt-0' in result['message']
+  assert not [p for p in os.listdir(logdir) if 'ckpt-5' in p]
+  assert tt.latest_step(logdir) == 0
+  assert 'global_step' in tt.read_checkpoint(logdir / 'model.ckpt-0')
+
+
 def test_contradicting_model_flag_on_resume(tmp_path, records):
   _saved_config_only(tmp_path)
   # A checkpoint written with the saved options (its files are enough).
@@ -205,6 +249,60 @@ def test_sigterm_leaves_a_checkpoint_at_the_current_step(tmp_path, records):
   assert tt.latest_step(logdir) == result['global_step']
   assert result['checkpoint'].endswith('model.ckpt-%d' % result['global_step'])
   assert json.loads(result_file.read_text()) == result
+
+
+def _wait_for_text(proc, name, text):
+  tt.wait_for(lambda: text in (proc.log_dir / name).read_text(), proc=proc)
+
+
+@pytest.mark.slow
+def test_second_sigterm_stops_at_once_with_the_json_line(tmp_path, records):
+  # A crop large enough that a step and the final save take a while.
+  logdir = tmp_path / 'log'
+  result_file = tmp_path / 'result.json'
+  proc = tt.start_cli(
+      tt.tiny_cli_args(logdir, records, 100000, '--train_crop_size=97,97',
+                       '--result_json=%s' % result_file), tmp_path / 'run')
+  tt.wait_for(lambda: tt.latest_step(logdir) == 0, proc=proc)
+  _wait_for_text(proc, 'stderr.txt', 'step 2/')
+  proc.send_signal(signal.SIGTERM)
+  _wait_for_text(proc, 'stderr.txt', 'SIGTERM received')
+  proc.send_signal(signal.SIGTERM)
+  code, result, err = tt.finish(proc)
+  assert code == 143, err[-3000:]
+  assert result['status'] == 'terminated'
+  assert result['stop_reason'] == 'signal:SIGTERM'
+  assert result['global_step'] >= 2
+  assert 'stopped at once' in result['message']
+  assert json.loads(result_file.read_text()) == result
+  # What was saved is intact: the latest checkpoint reads in full.
+  assert tt.read_checkpoint(tf_latest(logdir))['global_step'] >= 0
+
+
+def tf_latest(logdir):
+  return '%s/model.ckpt-%d' % (logdir, tt.latest_step(logdir))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signals_sent', [1, 2])
+def test_sigterm_while_starting_up_still_ends_with_the_json_line(
+    tmp_path, records, signals_sent):
+  # The handlers are set before TensorFlow is imported: a signal within
+  # the first second falls in the import.
+  logdir = tmp_path / 'log'
+  proc = tt.start_cli(tt.tiny_cli_args(logdir, records, 5), tmp_path / 'run')
+  for _ in range(signals_sent):
+    time.sleep(0.7)
+    proc.send_signal(signal.SIGTERM)
+  code, result, err = tt.finish(proc)
+  assert result['stop_reason'] == 'signal:SIGTERM', err[-3000:]
+  if signals_sent == 1:
+    assert code == 0 and result['status'] == 'ok'
+    assert result['message'].startswith('stopped before training')
+  else:
+    assert code == 143 and result['status'] == 'terminated'
+    assert 'before training started' in result['message']
+  assert tt.latest_step(logdir) is None  # nothing trained, nothing written
 
 
 @pytest.mark.slow

@@ -162,6 +162,30 @@ def test_checkpoint_of_another_network_is_an_error(tmp_path):
       checkpoint_init.make_init_plan(prefix, variables)
 
 
+def test_checkpoint_lacking_most_variables_is_refused_unless_allowed(
+    tmp_path):
+  # Another network's checkpoint that happens to share the logits' names.
+  prefix = str(tmp_path / 'other.ckpt')
+  with tf.Graph().as_default():
+    variables = _model_variables(tt.tiny_model_options())
+    shared = [(v.op.name, v.shape.as_list()) for v in variables
+              if v.op.name.startswith('logits/')]
+  _write_checkpoint(prefix, shared + [('resnet_v1_50/conv1/weights',
+                                       [7, 7, 3, 64])])
+  with tf.Graph().as_default():
+    variables = _model_variables(tt.tiny_model_options())
+    with pytest.raises(config.ConfigError, match=(
+        r'lacks %d of the %d model variables to restore \(e.g. MobilenetV2/'
+        r'.*it has e.g. logits/.*another network.*'
+        r'allow_partial_initial_checkpoint=true'
+        % (len(variables) - len(shared), len(variables)))):
+      checkpoint_init.make_init_plan(prefix, variables)
+    plan = checkpoint_init.make_init_plan(prefix, variables,
+                                          allow_partial=True)
+  assert plan.restored == sorted(n for n, _ in shared)
+  assert len(plan.missing) == len(variables) - len(shared)
+
+
 def test_resolve_checkpoint_prefix_directory_and_missing(tmp_path,
                                                          checkpoint_21):
   prefix, _ = checkpoint_21

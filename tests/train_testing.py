@@ -96,15 +96,21 @@ def tiny_cli_args(logdir, dataset_dir, steps, *extra):
           '--save_summaries_secs=0'] + list(extra)
 
 
+# What the deeplab-train console script runs (setup.cfg), without needing
+# the script installed: signal handlers first, then the command.
+LAUNCH = 'from deeplab_train.cli import launch; launch.train()'
+
+
 def start_cli(args, log_dir):
-  """Starts `python -m deeplab_train.cli.train ARGS`, its stdout and stderr
-  going to files in `log_dir` (a pipe could fill up and block it)."""
+  """Starts deeplab-train ARGS as its console script does (cli/launch.py),
+  its stdout and stderr going to files in `log_dir` (a pipe could fill up
+  and block it)."""
   log_dir = pathlib.Path(log_dir)
   log_dir.mkdir(parents=True, exist_ok=True)
   out = open(log_dir / 'stdout.txt', 'w')
   err = open(log_dir / 'stderr.txt', 'w')
   proc = subprocess.Popen(
-      [sys.executable, '-m', 'deeplab_train.cli.train'] + list(args),
+      [sys.executable, '-c', LAUNCH] + list(args),
       stdout=out, stderr=err, text=True, env=subprocess_env(), cwd=str(REPO))
   proc.log_dir = log_dir
   out.close()

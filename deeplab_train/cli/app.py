@@ -45,6 +45,15 @@ def bad_input_errors():
           tf.errors.DataLossError)
 
 
+class Reported(Exception):
+  """The command already printed its message and JSON line: exit with
+  `exit_code` (raised inside run_body's body)."""
+
+  def __init__(self, exit_code):
+    super().__init__(exit_code)
+    self.exit_code = exit_code
+
+
 def print_result(status, **fields):
   """Prints the command's JSON result line (sorted keys, flushed)."""
   line = dict(fields, event='result', status=status)
@@ -105,6 +114,8 @@ def run_body(command, argv, body, bad_input=None, flag_names=None):
   try:
     check_no_positional(command, argv)
     body()
+  except Reported as e:
+    return e.exit_code
   except bad_input as e:
     message = user_message(e, flag_names)
     sys.stderr.write('%s: error: %s\n' % (command, message))

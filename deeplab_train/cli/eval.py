@@ -16,6 +16,7 @@ summaries to EVAL_LOGDIR. Exit codes: 0 ok, 2 bad input, 1 unexpected error.
 """
 import dataclasses
 import os
+import sys
 
 from absl import flags
 
@@ -131,11 +132,15 @@ def options_from_flags():
       inference=inference, eval_options=eval_options)
 
 
-def print_result(result, scores):
+def print_scores(result, scores):
   print(metrics.format_table(scores))
   print('checkpoint %s (step %s), %d images of split %r'
         % (result['checkpoint'], result['global_step'], result['num_images'],
            result['split']))
+
+
+def print_result(result, scores):
+  print_scores(result, scores)
   app.print_result('ok', **result)
 
 
@@ -154,8 +159,19 @@ def run_eval(job):
       on_result=print_result)
 
 
-main = inference_flags.main_for(
-    COMMAND, lambda: run_eval(options_from_flags()), FLAG_NAMES)
+def evaluate_flags():
+  """The evaluation the flags ask for; the metrics are printed even when
+  they cannot be written (then exit 1)."""
+  try:
+    return run_eval(options_from_flags())
+  except eval_loop.ResultNotWrittenError as e:
+    print_scores(e.result, e.scores)
+    sys.stderr.write('%s: error: %s\n' % (COMMAND, e))
+    app.print_result('error', **dict(e.result, message=str(e)))
+    raise app.Reported(app.EXIT_UNEXPECTED) from e
+
+
+main = inference_flags.main_for(COMMAND, evaluate_flags, FLAG_NAMES)
 
 
 def run():

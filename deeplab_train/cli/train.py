@@ -28,6 +28,14 @@ Exit codes:
   2   bad flags or input (one-line message; no traceback)
   3   non-finite loss (no checkpoint of the broken step is written)
   75  the logdir is locked by a live run (the message names its pid)
+  143 / 130  a second SIGTERM / SIGINT: stopped at once, without a final
+      checkpoint (status terminated / interrupted; the last checkpoint
+      written is intact and the next run resumes from it)
+
+A first SIGTERM/SIGINT is honoured from the first second (also while
+TensorFlow loads). A checkpoint that cannot be saved (full disk) ends the run
+with exit 1 and stop_reason checkpoint_not_saved; its partial files are
+removed and the previous checkpoint stays the latest.
 
 On a cluster (TensorFlow's parameter servers and workers, see
 docs/distributed.md) every task runs the same command with its own
@@ -41,6 +49,7 @@ checkpoints and summaries and holds the logdir lock; the other workers
 report no checkpoint.
 """
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -53,14 +62,17 @@ from deeplab_train import config
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
+from deeplab_train.cli import launch
 from deeplab_train.cli import train_flags
 from deeplab_train.cli import output_paths
+from deeplab_train.cli import signals
 from deeplab_train.data import datasets
 from deeplab_train.data import pipeline
 from deeplab_train.model import registry
 from deeplab_train.runtime import checkpoint_state
 from deeplab_train.runtime import cluster as cluster_lib
 from deeplab_train.runtime import cluster_spec
+from deeplab_train.runtime import hooks as hooks_lib
 from deeplab_train.runtime import result as result_lib
 from deeplab_train.runtime import run as run_lib
 from deeplab_train.train import inputs
@@ -219,9 +231,24 @@ def options_from_flags():
                   master=FLAGS.master)
 
 
-def run_job(job, start_time):
-  """Serves (a ps task, until killed) or trains; returns the RunResult."""
+def run_job(job, start_time, process_signals=None, result_json=None):
+  """Serves (a ps task, until killed) or trains; returns the RunResult.
+
+  Args:
+    job: a ServeJob or TrainJob.
+    start_time: time.time() when the command started.
+    process_signals: the process's signals.ProcessSignals: forwarded to the
+      run (first: stop after the step; second: report and end at once).
+    result_json: where the result is also written.
+  """
   if isinstance(job, ServeJob):
+    if process_signals is not None:
+      process_signals.uninstall()  # a ps task ends when killed
+      if process_signals.pending:
+        return result_lib.RunResult(
+            'ok', hooks_lib.SIGNAL_PREFIX + process_signals.pending,
+            seconds=time.time() - start_time,
+            message='stopped before serving (%s)' % process_signals.pending)
     cluster_lib.serve(job.cluster)  # until killed
   backbone = registry.get(job.model_options.model_variant)
   input_fn = inputs.make_input_fn(
@@ -233,7 +260,23 @@ def run_job(job, start_time):
       ignore_label=job.dataset_info.ignore_label, input_fn=input_fn,
       preprocess_options=job.preprocess_options,
       dataset=job.dataset_info.to_dict(), start_time=start_time,
-      cluster=job.cluster, master=job.master)
+      cluster=job.cluster, master=job.master,
+      handle_signals=process_signals is None,
+      started=(None if process_signals is None else
+               functools.partial(_forward_signals, process_signals,
+                                 result_json=result_json)))
+
+
+def _forward_signals(process_signals, run, result_json):
+  """The first signal stops `run` after its step; a second one reports
+  how far it got and ends the process (signals.py)."""
+  def stop_now(signum):
+    name = signals.signal_name(signum)
+    report(run.stopped_now(result_lib.STOPPED_NOW[name],
+                           hooks_lib.SIGNAL_PREFIX + name), result_json)
+  process_signals.connect(
+      on_first=lambda name: run.stop.request(hooks_lib.SIGNAL_PREFIX + name),
+      on_stop_now=stop_now)
 
 
 def report(result, result_json=None):
@@ -263,11 +306,14 @@ def main(argv):
   logging.set_verbosity(logging.INFO)
   # Read before anything can fail: a bad-input result is written there too.
   result_json = FLAGS.result_json
+  # Set by run() (the command), not when main() is called in-process.
+  process_signals = signals.current()
   try:
     if len(argv) > 1:
       raise config.ConfigError('unexpected arguments %s (flags are written '
                                '--name=value)' % ' '.join(argv[1:]))
-    result = run_job(options_from_flags(), start)
+    result = run_job(options_from_flags(), start, process_signals,
+                     result_json)
   except config.ConfigError as e:
     result = result_lib.RunResult('bad_input', 'bad_input',
                                   seconds=time.time() - start,
@@ -291,6 +337,8 @@ _parse_flags = app.flag_parser(COMMAND, on_bad_flags=_print_bad_flags)
 
 
 def run():
+  # Done already when started by the console script.
+  launch.install_signals(sys.argv)
   app.start(COMMAND, main, __doc__,
             (__name__, train_flags.__name__, common_flags.__name__),
             on_bad_flags=_print_bad_flags)

@@ -123,6 +123,10 @@ _FINE_TUNING_TABLE = (
      'Initialize the last layer from tf_initial_checkpoint.'),
     ('boolean', 'last_layers_contain_logits_only', False,
      'Only consider logits as last layers or not.'),
+    ('boolean', 'allow_partial_initial_checkpoint', False,
+     'Start from tf_initial_checkpoint even when it lacks most of the '
+     'model\'s variables (refused otherwise: it is usually a checkpoint of '
+     'another network; the missing ones start from random values).'),
 )
 
 # Dataset and augmentation.

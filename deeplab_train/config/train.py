@@ -59,6 +59,9 @@ class TrainOptions(JsonMixin):
   # Initialisation from a checkpoint.
   tf_initial_checkpoint: Optional[str] = None
   initialize_last_layer: bool = True
+  # Accept an initial checkpoint that lacks most of the model's variables
+  # (refused otherwise: usually a checkpoint of another network).
+  allow_partial_initial_checkpoint: bool = False
   # Summaries built into the graph.
   save_summaries_images: bool = False
   # Speed (see runtime/session_config.py): 'none', 'bf16' (CPU) or 'fp16'

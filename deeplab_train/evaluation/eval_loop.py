@@ -33,6 +33,17 @@ class InputDataError(config.ConfigError):
   """A record of the split failed the input pipeline's checks."""
 
 
+class ResultNotWrittenError(RuntimeError):
+  """The evaluation finished but its summaries or JSON could not be
+  written; `result` and `scores` hold what it measured."""
+
+  def __init__(self, path, reason, result, scores):
+    super().__init__('cannot write the evaluation results to %s: %s (the '
+                     'metrics are printed above)' % (path, reason))
+    self.result = result
+    self.scores = scores
+
+
 def iterate_split(dataset_dir, split, dataset_info, preprocess_options,
                   mean_pixel, keep_original_image=False, with_label=True):
   """Yields the split's images one by one as numpy samples.
@@ -262,6 +273,7 @@ def evaluate(checkpoint_dir, eval_logdir, model_options, inference,
     NoCheckpointError: run-once mode and no checkpoint.
     CheckpointMismatchError, ImageTooLargeError, InputDataError,
     LabelRangeError: bad input.
+    ResultNotWrittenError: eval_logdir or the result JSON not writable.
   """
   eval_options.validate()
   inference.validate()
@@ -282,9 +294,7 @@ def evaluate(checkpoint_dir, eval_logdir, model_options, inference,
         # The trainer may delete old checkpoints while we read them.
         _log.warning('skipping %s: %s', checkpoint_path, e.message)
         continue
-      os.makedirs(eval_logdir, exist_ok=True)
-      write_summaries(eval_logdir, result, inference)
-      atomic.write_json(result_json, result)
+      _write_outputs(eval_logdir, result_json, result, scores, inference)
       results.append(result)
       if on_result is not None:
         on_result(result, scores)
@@ -292,6 +302,20 @@ def evaluate(checkpoint_dir, eval_logdir, model_options, inference,
       if eval_options.follow and 0 < limit <= len(results):
         break
   return results
+
+
+def _write_outputs(eval_logdir, result_json, result, scores, inference):
+  """Summaries in eval_logdir and the JSON file, or ResultNotWrittenError."""
+  path = eval_logdir
+  try:
+    os.makedirs(eval_logdir, exist_ok=True)
+    write_summaries(eval_logdir, result, inference)
+    path = result_json
+    atomic.write_json(result_json, result)
+  except (OSError, tf.errors.OpError) as e:
+    reason = getattr(e, 'message', None) or e.strerror or str(e)
+    raise ResultNotWrittenError(path, reason.strip().splitlines()[0],
+                                result, scores) from e
 
 
 def _finite(value):

@@ -14,9 +14,11 @@ import time
 from absl import logging
 import tensorflow.compat.v1 as tf
 
+from deeplab_train.runtime import result as result_lib
+
 # Stop reasons recorded by the hooks (see StopState).
 TIME_BUDGET = 'time_budget'
-SIGNAL_PREFIX = 'signal:'
+SIGNAL_PREFIX = result_lib.SIGNAL_PREFIX
 
 
 class NonFiniteLossError(RuntimeError):
@@ -29,6 +31,24 @@ class NonFiniteLossError(RuntimeError):
         'labels.' % (step, loss))
     self.step = step
     self.loss = loss
+
+
+class CheckpointNotSavedError(RuntimeError):
+  """Writing a checkpoint failed (e.g. a full disk); its files are removed
+  and the previous checkpoint is still the latest."""
+
+  def __init__(self, path, reason, previous):
+    no_space = 'no space left' in reason.lower()
+    super().__init__(
+        'cannot save checkpoint %s: %s. %s; its partial files were removed '
+        'and %s' % (
+            path, 'no space left on device' if no_space else reason,
+            ('Free space in %s and run again' % os.path.dirname(path)
+             if no_space else 'Check that the folder is writable'),
+            ('the last checkpoint, %s, is intact (training resumes from '
+             'it)' % previous) if previous else 'no checkpoint was written'))
+    self.path = path
+    self.previous = previous
 
 
 class StopState:
@@ -177,11 +197,47 @@ class CheckpointHook(tf.train.SessionRunHook):
       self._save(session, step)
 
   def _save(self, session, step):
-    self.last_checkpoint = self._saver.save(session, self._prefix,
-                                            global_step=step)
+    path = '%s-%d' % (self._prefix, step)
+    try:
+      self.last_checkpoint = self._saver.save(session, self._prefix,
+                                              global_step=step)
+    except (tf.errors.OpError, OSError) as e:
+      if path != self.last_checkpoint:  # never a complete one
+        remove_partial_checkpoint(path)
+      raise CheckpointNotSavedError(path, write_error_reason(e),
+                                    self.last_checkpoint) from e
     self._last_step = step
     self._last_time = time.time()
     logging.info('Saved checkpoint %s', self.last_checkpoint)
+
+
+def write_error_reason(error):
+  """The system's words in a failed write's error ('No space left on
+  device', 'File too large'), else the error's first line. TensorFlow's
+  read as '...; File too large' after a 'Graph execution error:' header."""
+  text = getattr(error, 'message', None) or str(error)
+  lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+  for line in reversed(lines):
+    if '; ' in line:
+      return line.rsplit('; ', 1)[1]
+  return lines[0] if lines else type(error).__name__
+
+
+def remove_partial_checkpoint(path):
+  """Removes the files of checkpoint `path` (a prefix) that a failed save
+  left: its data and index files, their temporary names and the sharded
+  saver's `_temp` folder. Call only for a checkpoint the state file does
+  not name."""
+  folder, name = os.path.split(path)
+  for entry in os.listdir(folder or '.'):
+    if entry == name + '_temp' or entry.startswith(name + '.'):
+      full = os.path.join(folder, entry)
+      if os.path.isdir(full):
+        for inner in os.listdir(full):
+          os.remove(os.path.join(full, inner))
+        os.rmdir(full)
+      else:
+        os.remove(full)
 
 
 class ProgressHook(tf.train.SessionRunHook):

@@ -7,6 +7,9 @@ and the exit code each status maps to.
   bad_input        2  bad flags, dataset, checkpoint or records
   non_finite_loss  3  NaN/inf loss or weights; no checkpoint of that step
   locked          75  another live run holds the logdir (EX_TEMPFAIL)
+  interrupted    130  a second SIGINT: stopped at once (128 + SIGINT)
+  terminated     143  a second SIGTERM: stopped at once (128 + SIGTERM);
+                      the last checkpoint written is intact
 
 No TensorFlow here: the cron round's policy reads these codes in a process
 that should start in a fraction of a second.
@@ -19,7 +22,11 @@ from typing import Any, Optional
 from deeplab_train import atomic
 
 EXIT_CODES = {'ok': 0, 'error': 1, 'bad_input': 2, 'non_finite_loss': 3,
-              'locked': 75}
+              'locked': 75, 'interrupted': 130, 'terminated': 143}
+# The stop reason of a signal: SIGNAL_PREFIX + 'SIGTERM'.
+SIGNAL_PREFIX = 'signal:'
+# The status of a run stopped at once by a second signal of its name.
+STOPPED_NOW = {'SIGINT': 'interrupted', 'SIGTERM': 'terminated'}
 
 
 @dataclasses.dataclass

@@ -101,7 +101,8 @@ class _Hooks:
 def train(model_options, train_options, run_options, *, ignore_label,
           input_fn, preprocess_options=None, dataset=None, model_fn=None,
           last_layer_scopes=None, session_config=None, device_pattern=None,
-          handle_signals=True, master='', start_time=None, cluster=None):
+          handle_signals=True, master='', start_time=None, cluster=None,
+          started=None):
   """Runs (or resumes) training in `run_options.train_logdir`.
 
   Args:
@@ -115,11 +116,14 @@ def train(model_options, train_options, run_options, *, ignore_label,
     model_fn, last_layer_scopes, device_pattern: see build_training_graph.
     session_config: tf.ConfigProto (default: `default_session_config` of
       train_options: soft placement, threads, XLA, mixed precision).
-    handle_signals: stop cleanly on SIGTERM/SIGINT (main thread only).
+    handle_signals: stop cleanly on SIGTERM/SIGINT (main thread only);
+      false when the caller forwards them (see `started`).
     master: TensorFlow master for the session ('' = in-process).
     start_time: time.time() when the command started (for the budget).
     cluster: a cluster_spec.Cluster (a worker task) to train on, or None for
       a single-machine run; its server is started here and is the master.
+    started: optional fn(TrainingRun) called before the run starts, e.g.
+      to forward signals to its `stop` and to report `stopped_now`.
 
   Returns:
     A RunResult.
@@ -127,8 +131,10 @@ def train(model_options, train_options, run_options, *, ignore_label,
   spec = RunSpec(model_options, train_options, run_options, ignore_label,
                  input_fn, preprocess_options, dataset, model_fn,
                  last_layer_scopes, session_config, device_pattern)
-  return TrainingRun(spec, cluster, master, start_time).execute(
-      handle_signals)
+  run = TrainingRun(spec, cluster, master, start_time)
+  if started is not None:
+    started(run)
+  return run.execute(handle_signals)
 
 
 class TrainingRun:
@@ -146,6 +152,9 @@ class TrainingRun:
     self.start = start_time or time.time()
     self.stop = hooks_lib.StopState()
     self.signals = hooks_lib.SignalStopHook(self.stop)
+    # What `stopped_now` reports, kept up to date as the run goes on.
+    self._start_step = None
+    self._hooks_now = None
 
   def elapsed(self):
     return time.time() - self.start
@@ -157,6 +166,22 @@ class TrainingRun:
       fields['message'] = str(detail)
     return RunResult(status, stop_reason, seconds=self.elapsed(),
                      detail=detail, **fields)
+
+  def stopped_now(self, status, reason):
+    """The result of a run ended at once (a second signal), from any
+    thread: the last step done and the last checkpoint written."""
+    hooks, step, checkpoint = self._hooks_now, self._start_step, None
+    if hooks is not None:
+      if hooks.progress.step is not None:
+        step = hooks.progress.step
+      if hooks.checkpoints is not None:
+        checkpoint = hooks.checkpoints.last_checkpoint
+    loss = hooks.progress.loss if hooks is not None else None
+    return self._result(
+        status, reason, global_step=step, loss=loss, checkpoint=checkpoint,
+        message='stopped at once (%s again) after step %s; training resumes '
+        'from the last checkpoint (%s)' % (reason, step,
+                                           checkpoint or 'none written yet'))
 
   def execute(self, handle_signals=True):
     """Locks the logdir and trains; every expected ending is a result."""
@@ -189,6 +214,7 @@ class TrainingRun:
   def _train_locked(self):
     spec = self.spec
     latest, start_step, init = self._starting_point()
+    self._start_step = start_step
     target = spec.train_options.training_number_of_steps
     if start_step >= target:
       detail = errors.Message(
@@ -201,6 +227,8 @@ class TrainingRun:
     last_step = target
     if spec.run_options.num_steps_more:
       last_step = min(target, start_step + spec.run_options.num_steps_more)
+    if self.stop.reason:
+      return self._stopped_before_training(start_step, latest)
     g = graph_lib.build_training_graph(
         spec.model_options, spec.train_options,
         ignore_label=spec.ignore_label, input_fn=spec.input_fn,
@@ -220,12 +248,15 @@ class TrainingRun:
                  spec.train_options.num_clones, spec.model_options.crop_size,
                  spec.model_options.output_stride)
     if self.stop.reason:
-      # Signalled while the graph was built: nothing trained, nothing saved.
-      return self._result('ok', self.stop.reason, global_step=start_step,
-                          checkpoint=latest,
-                          message='stopped before training (%s)'
-                          % self.stop.reason)
+      return self._stopped_before_training(start_step, latest)
     return self._session_loop(g, last_step, target, start_step)
+
+  def _stopped_before_training(self, start_step, latest):
+    """Signalled before the session started: nothing trained or saved."""
+    return self._result('ok', self.stop.reason, global_step=start_step,
+                        checkpoint=latest,
+                        message='stopped before training (%s)'
+                        % self.stop.reason)
 
   def _hooks(self, g, last_step):
     """The hooks, in the order their after_run must run (see hooks.py)."""
@@ -295,11 +326,18 @@ class TrainingRun:
     logdir = self.spec.run_options.train_logdir
     with g.graph.as_default():
       hooks = self._hooks(g, last_step)
+    self._hooks_now = hooks
     try:
       with g.graph.as_default():
         with self._open_session(g, hooks.all) as sess:
           while not sess.should_stop():
             sess.run(g.train_op)
+    except hooks_lib.CheckpointNotSavedError as e:
+      logging.error('%s', e)
+      return self._result('error', 'checkpoint_not_saved',
+                          global_step=hooks.progress.step,
+                          loss=hooks.progress.loss, checkpoint=e.previous,
+                          message=str(e))
     except hooks_lib.NonFiniteLossError as e:
       logging.error('%s', e)
       return self._result('non_finite_loss', 'non_finite_loss',

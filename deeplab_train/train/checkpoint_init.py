@@ -119,7 +119,8 @@ def _mismatch_hint(mismatched, logits_scopes):
 
 
 def make_init_plan(checkpoint, variables, exclude_scopes=(),
-                   last_layer_scopes=(), logits_scopes=('logits',)):
+                   last_layer_scopes=(), logits_scopes=('logits',),
+                   allow_partial=False):
   """Plans the restore of `variables` from `checkpoint`.
 
   Call inside the training graph (it builds a Saver for the restore).
@@ -132,13 +133,16 @@ def make_init_plan(checkpoint, variables, exclude_scopes=(),
     last_layer_scopes: scopes where a shape mismatch is skipped with a hint
       rather than an error.
     logits_scopes: scopes of the logits (for the class-count hint).
+    allow_partial: accept a checkpoint lacking most of the variables not
+      excluded (refused otherwise: usually another network's).
 
   Returns:
     An InitPlan.
 
   Raises:
     ConfigError: the checkpoint cannot be read, a variable outside the last
-      layers has another shape, or no variable at all can be restored.
+      layers has another shape, no variable at all can be restored, or
+      (without allow_partial) most of them are missing.
   """
   try:
     ckpt_shapes = {name: tuple(shape)
@@ -176,6 +180,18 @@ def make_init_plan(checkpoint, variables, exclude_scopes=(),
                              _examples(sorted(ckpt_shapes)[:2]),
                              _examples([scopes.variable_name(v)
                                         for v in variables][:2])))
+  wanted = len(variables) - len(excluded)
+  if not allow_partial and 2 * len(missing) > wanted:
+    raise ConfigError(
+        'checkpoint %s lacks %d of the %d model variables to restore (e.g. '
+        '%s; it has e.g. %s): is it a checkpoint of another network? Check '
+        '{TrainOptions.tf_initial_checkpoint} and '
+        '{ModelOptions.model_variant}, or pass '
+        '{TrainOptions.allow_partial_initial_checkpoint}=true to start the '
+        'missing ones from random values'
+        % (checkpoint, len(missing), wanted, _examples(missing),
+           _examples(sorted(n for n in ckpt_shapes
+                            if n != 'global_step')[:2])))
   hints = [_mismatch_hint(mismatched, logits_scopes)] if mismatched else []
   with tf.name_scope('initialization'):
     saver = tf.train.Saver(var_list=restored, name='init_saver',

@@ -403,7 +403,8 @@ def _init_plan(init_checkpoint, model_variables, train_options,
   exclude = [] if train_options.initialize_last_layer else last_layer_scopes
   plan = checkpoint_init.make_init_plan(
       init_checkpoint, model_variables, exclude_scopes=exclude,
-      last_layer_scopes=last_layer_scopes)
+      last_layer_scopes=last_layer_scopes,
+      allow_partial=train_options.allow_partial_initial_checkpoint)
   for line in plan.summary_lines():
     (logging.warning if plan.mismatched else logging.info)(line)
   return plan

@@ -1,0 +1,148 @@
+"""SIGTERM/SIGINT for a whole deeplab-train process, from its first second.
+
+`install()` runs before TensorFlow is imported (deeplab-train's console
+script, cli/launch.py), so a signal during the import or the flag checks is
+not lost: the first one is kept as `pending` and handed to the run when it
+starts (`connect`), which then stops cleanly (final checkpoint, exit 0).
+
+A second signal of the same kind means "stop now". Python runs its signal
+handlers only when the main thread is back in the interpreter, never in the
+middle of a session step, so the signals also go to a wake-up socket read by
+a thread: on the second one it calls the command's `on_stop_now(signum)`
+(which prints the JSON result line) and ends the process at once with
+128 + the signal number (143 for SIGTERM, 130 for SIGINT). Checkpoints are
+written under temporary names and renamed, so ending mid-save loses nothing
+already written.
+
+Standard library only: this module is imported before TensorFlow.
+"""
+import os
+import signal
+import socket
+import sys
+import threading
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def signal_name(signum):
+  """'SIGTERM' for signal.SIGTERM."""
+  return signal.Signals(signum).name
+
+
+def exit_code(signum):
+  """The shell's exit status of a process ended by `signum`."""
+  return 128 + int(signum)
+
+
+class ProcessSignals:
+  """The process's SIGTERM/SIGINT handling (one instance: see `install`).
+
+  Attributes:
+    pending: name of the first signal received ('SIGTERM'), else None.
+  """
+
+  def __init__(self):
+    self.pending = None
+    self._on_first = None
+    self._on_stop_now = None
+    self._lock = threading.Lock()
+    self._reader = None
+    self._writer = None
+
+  def install(self):
+    """Sets the handlers and starts the wake-up thread (main thread only)."""
+    reader, writer = socket.socketpair()
+    reader.setblocking(True)
+    writer.setblocking(False)
+    self._reader = reader
+    for sig in SIGNALS:
+      signal.signal(sig, _ignore_in_python)
+    # The C-level handler writes each signal number to `writer` at once.
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    self._writer = writer
+    thread = threading.Thread(target=self._watch, name='signals',
+                              daemon=True)
+    thread.start()
+
+  def uninstall(self):
+    """Default handlers again (e.g. for a parameter server: until killed)."""
+    for sig in SIGNALS:
+      signal.signal(sig, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+
+  def connect(self, on_first=None, on_stop_now=None):
+    """Hands the signals to the command's run.
+
+    Args:
+      on_first: fn(signal_name) for the first signal (also called now if
+        one is pending): e.g. ask the run to stop after its step.
+      on_stop_now: fn(signum) for the second signal of a kind, called on
+        the watching thread just before the process ends: print the result.
+    """
+    with self._lock:
+      self._on_first = on_first
+      self._on_stop_now = on_stop_now
+      pending = self.pending
+    if pending and on_first is not None:
+      on_first(pending)
+
+  def _watch(self):
+    while True:
+      try:
+        data = self._reader.recv(64)
+      except OSError:
+        return
+      if not data:
+        return
+      for signum in data:
+        self._received(signum)
+
+  def _received(self, signum):
+    if signum not in SIGNALS:
+      return
+    name = signal_name(signum)
+    with self._lock:
+      first = self.pending is None
+      second = self.pending == name
+      if first:
+        self.pending = name
+      on_first, on_stop_now = self._on_first, self._on_stop_now
+    if first:
+      sys.stderr.write('%s received: stopping after the current step with a '
+                       'final checkpoint (send it again to stop at once)\n'
+                       % name)
+      sys.stderr.flush()
+      if on_first is not None:
+        on_first(name)
+    elif second:
+      try:
+        if on_stop_now is not None:
+          on_stop_now(signum)
+      finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code(signum))  # pylint: disable=protected-access
+
+
+def _ignore_in_python(signum, frame):
+  """The Python-level handler: the watching thread does the work."""
+  del signum, frame
+
+
+_INSTANCE = None
+
+
+def install():
+  """The process's ProcessSignals, installed on the first call."""
+  global _INSTANCE
+  if _INSTANCE is None:
+    _INSTANCE = ProcessSignals()
+    _INSTANCE.install()
+  return _INSTANCE
+
+
+def current():
+  """The installed ProcessSignals, or None (e.g. a command's main() called
+  in-process by a test: the run then sets its own handlers)."""
+  return _INSTANCE
