@@ -26,6 +26,10 @@ of the `IteratorGetNext` op of each traced step is the time the towers
 waited for the pipeline (the op returns as soon as a prefetched batch is
 ready), reported per step and as a share of the traced step's wall time.
 
+`run_comparison` (bench/compare.py) instead trains the original DeepLab
+trainer and deeplab-train alternately on the same records and flags and
+compares their s/step and peak memory (for our own benchmarking).
+
 The data is synthetic (VOC-sized JPEGs written to a temp folder), the
 bundled sample dataset converted to a temp folder, or an existing TFRecord
 folder; all go through the real input pipeline.
@@ -35,6 +39,13 @@ from deeplab_train.bench.benchmark import BenchOptions
 from deeplab_train.bench.benchmark import FLOP_COUNT_METHOD
 from deeplab_train.bench.benchmark import RESULT_FIELDS
 from deeplab_train.bench.benchmark import run_benchmark
+from deeplab_train.bench.compare import CompareJob
+from deeplab_train.bench.compare import CompareOptions
+from deeplab_train.bench.compare import format_comparison
+from deeplab_train.bench.compare import result_json_line
+from deeplab_train.bench.compare import run_comparison
+from deeplab_train.bench.compare import split_flag_args
+from deeplab_train.bench.compare import TrainerFailed
 from deeplab_train.bench.data import convert_sample_dataset
 from deeplab_train.bench.data import SAMPLE_CLASSES
 from deeplab_train.bench.data import SYNTHETIC_CLASSES

@@ -5,6 +5,8 @@
         [--bench_data=synthetic|sample|dataset_dir] \\
         [--mixed_precision=none|bf16|fp16] [--use_xla] \\
         [--bench_variants=none,bf16,bf16+xla]
+    deeplab-bench ... --compare_original=DIR [--compare_rounds=3] \\
+        [--compare_steps=30]
 
 Takes deeplab-train's model and training flags. Measures in one process the
 input pipeline's images/s, training images/s and s/step after warm-up, FLOPs
@@ -18,6 +20,21 @@ Exit codes: 0 ok, 2 bad input, 1 unexpected error (e.g. a failed setting).
 --bench_variants compares settings: each one runs in its own process (so
 each has its own peak memory), one after the other, and the table gets a
 column per setting with the ratio of training speeds to the first.
+
+--compare_original=DIR is for our own benchmarking: it measures the
+original DeepLab trainer against deeplab-train on this machine. DIR is the
+original made runnable by the original's setup.sh (DIR/train.sh). Both are
+trained with the same model and training flags on the same records
+(pascal_voc_seg-style, from --bench_data), each run in its own process and
+fresh logdir, alternately (original, deeplab-train, original, ...) for
+--compare_rounds rounds of --compare_steps steps. Reported per run: the
+median s/step each trainer logs after the first third of its steps
+(warm-up), images/s and peak RSS (the kernel's ru_maxrss of the trainer
+process); then the medians, the speed ratio original s/step / ours (> 1:
+deeplab-train is faster) with its range over the rounds, and the CPU's
+AVX2 / AVX-512 / AVX512_BF16 / AMX support. Flags the original does not
+have (e.g. --mixed_precision) go to deeplab-train only, with a warning.
+The other --bench_* measurements are not made in this mode.
 
 Data: --bench_data=synthetic writes VOC-sized synthetic JPEGs (21 classes),
 sample converts the bundled sample dataset (data/ of the source tree), both
@@ -50,7 +67,10 @@ COMMAND = 'deeplab-bench'
 # Option fields whose flag is not named after the field.
 FLAG_NAMES = dict(train_flags.FLAG_NAMES, **{
     'BenchOptions.' + f.name: 'bench_' + f.name
-    for f in dataclasses.fields(bench.BenchOptions)})
+    for f in dataclasses.fields(bench.BenchOptions)}, **{
+        'CompareOptions.original_dir': 'compare_original',
+        'CompareOptions.rounds': 'compare_rounds',
+        'CompareOptions.steps': 'compare_steps'})
 
 DATA_SOURCES = ('synthetic', 'sample', 'dataset_dir')
 
@@ -79,11 +99,29 @@ _BENCH_TABLE = (
     ('boolean', 'bench_child', False,
      'Internal: run one setting and print its result for the parent process.'),
 )
-flag_table.define(_BENCH_TABLE)
+# The comparison with the original trainer (our own benchmarking).
+_COMPARE_TABLE = (
+    ('string', 'compare_original', None,
+     'For our own benchmarking: a folder made by the original DeepLab\'s '
+     'setup.sh; trains it and deeplab-train alternately with these flags '
+     'and compares s/step and peak memory (see --help).'),
+    ('integer', 'compare_rounds', 3,
+     'With --compare_original: rounds, each one run of either trainer.'),
+    ('integer', 'compare_steps', 30,
+     'With --compare_original: training steps of every run (the first '
+     'third is warm-up; fewer for big models, e.g. 10 for xception_65).'),
+)
+flag_table.define(_BENCH_TABLE, _COMPARE_TABLE)
+
+# Given to both trainers even at their defaults, so that both surely train
+# the setting the report names.
+_COMPARE_ALWAYS_PASSED = ('model_variant', 'output_stride', 'train_crop_size',
+                          'train_batch_size', 'fine_tune_batch_norm')
 
 # Set per variant for a child process, or meaningless there.
 _NOT_PASSED_TO_CHILDREN = ('bench_variants', 'mixed_precision', 'use_xla',
-                           'bench_json', 'bench_child')
+                           'bench_json', 'bench_child', 'compare_original',
+                           'compare_rounds', 'compare_steps')
 # BenchOptions fields set by the flag 'bench_' + field.
 _BENCH_FIELDS = ('warmup_steps', 'steps', 'trace_steps', 'input_batches',
                  'matmul_size')
@@ -105,6 +143,8 @@ class BenchCommandJob:
     child_flags: the command line a child process repeats.
     bench_json: also write the result lines to this file.
     child: this process is a child measuring one variant.
+    compare: set: compare with the original trainer instead (see
+      bench.run_comparison).
   """
   model_options: config.ModelOptions
   train_options: config.TrainOptions
@@ -119,6 +159,7 @@ class BenchCommandJob:
   child_flags: Tuple[str, ...] = ()
   bench_json: Optional[str] = None
   child: bool = False
+  compare: Optional[bench.CompareJob] = None
 
 
 def parse_variant(text):
@@ -165,12 +206,58 @@ def _child_flags():
   return tuple(out)
 
 
+def _compare_options():
+  """CompareOptions of --compare_original (checked), or None when unset.
+
+  Raises:
+    config.ConfigError: bad --compare_* flags or not an original's folder.
+  """
+  if not FLAGS.compare_original:
+    return None
+  if FLAGS.bench_variants:
+    raise config.ConfigError('--compare_original cannot be combined with '
+                             '--bench_variants: run them separately')
+  return bench.CompareOptions(original_dir=FLAGS.compare_original,
+                              rounds=FLAGS.compare_rounds,
+                              steps=FLAGS.compare_steps).validate()
+
+
+def _compare_flag_args():
+  """(name, arguments) of the model and training flags given to the
+  trainers compared: those set, and _COMPARE_ALWAYS_PASSED."""
+  out = []
+  for module in (common_flags, train_flags):
+    for flag in FLAGS.get_flags_for_module(module.__name__):
+      if (not flag.using_default_value or
+          flag.name in _COMPARE_ALWAYS_PASSED):
+        out.append((flag.name, tuple(flag.serialize().splitlines())))
+  return out
+
+
+def _compare_job(options, model_options, train):
+  """The CompareJob of the flags (`options`: _compare_options())."""
+  shared, ours_only, names = bench.split_flag_args(_compare_flag_args())
+  if names:
+    logging.warning('the original has no --%s: given to deeplab-train only',
+                    ', --'.join(names))
+  return bench.CompareJob(
+      options=options, model_variant=model_options.model_variant,
+      output_stride=model_options.output_stride,
+      crop_size=tuple(model_options.crop_size),
+      batch_size=train.train_batch_size,
+      fine_tune_batch_norm=train.fine_tune_batch_norm, shared_args=shared,
+      ours_only_args=ours_only, data=FLAGS.bench_data,
+      synthetic_images=FLAGS.bench_synthetic_images, dataset=FLAGS.dataset,
+      dataset_dir=FLAGS.dataset_dir, split=FLAGS.train_split)
+
+
 def options_from_flags():
   """The flags -> a BenchCommandJob.
 
   Raises:
     config.ConfigError: bad flags.
   """
+  compare_options = _compare_options()  # a bad folder fails first
   bench_options = bench.BenchOptions(**{
       name: FLAGS['bench_' + name].value for name in _BENCH_FIELDS
   }).validate()
@@ -191,7 +278,9 @@ def options_from_flags():
       dataset_dir=FLAGS.dataset_dir, dataset_info=info,
       split=FLAGS.train_split, variants=variants,
       child_flags=_child_flags(), bench_json=FLAGS.bench_json,
-      child=FLAGS.bench_child)
+      child=FLAGS.bench_child,
+      compare=(_compare_job(compare_options, model_options, train)
+               if compare_options else None))
 
 
 def _data_source(job, tmp_dir):
@@ -282,8 +371,22 @@ def _write_json(results, path):
   atomic.write_bytes(path, text.encode('utf-8'))
 
 
+def run_compare(job):
+  """Compares with the original trainer; prints the table and the result
+  line, writes bench_json."""
+  result = bench.run_comparison(job.compare)
+  print(bench.format_comparison(result))
+  if job.bench_json:
+    atomic.write_bytes(job.bench_json, (bench.result_json_line(result) +
+                                        '\n').encode('utf-8'))
+  app.print_result('ok', **result)
+
+
 def run_job(job):
   """Measures, prints the table and the result line, writes bench_json."""
+  if job.compare is not None:
+    run_compare(job)
+    return
   if job.variants and not job.child:
     results = run_variants(job)
   else:
