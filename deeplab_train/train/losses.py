@@ -110,11 +110,16 @@ def pixel_loss(logits, labels, num_classes, ignore_label, label_weights=None,
     logits = tf.reshape(logits, [-1, num_classes])
     weights = label_weight_mask(labels, ignore_label, num_classes,
                                 label_weights)
-    # one_hot of an ignored value >= num_classes is all zeros; its weight is
-    # 0 in any case.
-    targets = tf.stop_gradient(tf.one_hot(labels, num_classes))
-    losses = tf.nn.softmax_cross_entropy_with_logits_v2(
-        labels=targets, logits=logits, name='pixel_losses') * weights
+    # The sparse loss equals the original's one-hot softmax cross-entropy
+    # (the same per-pixel values and gradients) without building the
+    # [pixels, classes] one-hot targets. Pixels outside [0, num_classes)
+    # (the ignore label) read class 0 and get weight 0: the one-hot loss of
+    # such a pixel is 0 too.
+    in_range = tf.logical_and(labels >= 0, labels < num_classes)
+    classes = tf.where(in_range, labels, tf.zeros_like(labels))
+    weights *= tf.cast(in_range, tf.float32)
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=classes, logits=logits, name='pixel_losses') * weights
     if top_k_percent_pixels == 1.0:
       count = tf.reduce_sum(tf.cast(tf.not_equal(labels, ignore_label),
                                     tf.float32))
