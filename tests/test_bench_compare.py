@@ -12,6 +12,7 @@ import pytest
 
 from deeplab_train import config
 from deeplab_train.bench import compare
+from deeplab_train.runtime import cpu as cpu_lib
 
 # Log lines verbatim, as long as the trainers print them.
 # pylint: disable=line-too-long
@@ -140,13 +141,13 @@ def test_speed_ratio_of_medians_with_per_round_spread():
 
 
 def test_cpu_features_from_cpuinfo():
-  cpu = compare.cpu_features(AMD_CPUINFO)
+  cpu = cpu_lib.cpu_features(AMD_CPUINFO)
   assert cpu == {'model_name': 'AMD EPYC 9R14', 'logical_cpus': 2,
                  'avx2': True, 'avx512f': True, 'avx512_bf16': True,
                  'amx': False}
-  intel = compare.cpu_features('processor\t: 0\n' + INTEL_AMX_FLAGS)
+  intel = cpu_lib.cpu_features('processor\t: 0\n' + INTEL_AMX_FLAGS)
   assert intel['amx'] and intel['avx512_bf16']
-  old = compare.cpu_features('processor\t: 0\nflags\t\t: sse2 avx\n')
+  old = cpu_lib.cpu_features('processor\t: 0\nflags\t\t: sse2 avx\n')
   assert not any(old[k] for k in ('avx2', 'avx512f', 'avx512_bf16', 'amx'))
   line = compare.cpu_line(dict(cpu, usable_cores=1))
   assert line == ('CPU: AMD EPYC 9R14, 2 logical CPUs (1 usable); AVX2 yes, '
@@ -180,7 +181,9 @@ def test_run_logged_reports_exit_code_and_peak_rss(tmp_path):
   log = tmp_path / 'child.log'
   code, peak_mib, seconds = compare.run_logged(
       [sys.executable, '-c',
-       'x = b"x" * (300 << 20); print("hello"); raise SystemExit(3)'],
+       # Holds the memory for a few polls (the peak is polled).
+       'import time; x = b"x" * (300 << 20); print("hello"); time.sleep(0.5); '
+       'raise SystemExit(3)'],
       str(log))
   assert code == 3
   assert 300 < peak_mib < 2000

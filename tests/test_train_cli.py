@@ -16,6 +16,8 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
 from deeplab_train.cli import train as train_cli
+from deeplab_train.cli import train_flags
+from deeplab_train.runtime import cpu as cpu_lib
 from deeplab_train.runtime import lock as lock_lib
 
 import train_testing as tt
@@ -200,6 +202,23 @@ def test_small_batch_with_batch_norm_training_warns():
   assert not config.check_training_setup(
       tt.tiny_model_options(), config.TrainOptions(train_batch_size=24,
                                                    num_clones=2))
+
+
+@pytest.mark.parametrize('flags_line,mode', [
+    ('flags\t\t: avx2 avx512f avx512_bf16', 'bf16'),
+    ('flags\t\t: avx2 amx_tile amx_bf16', 'bf16'),
+    ('flags\t\t: avx2 avx512f', 'none'),
+    ('flags\t\t: avx2', 'none')])
+def test_mixed_precision_auto_is_bf16_only_with_native_bf16(flags_line, mode):
+  features = cpu_lib.cpu_features('processor\t: 0\n' + flags_line)
+  FLAGS.unparse_flags()
+  try:
+    FLAGS(['deeplab-train', '--mixed_precision=auto'])
+    assert train_flags.train_options(features).mixed_precision == mode
+    FLAGS(['deeplab-train', '--mixed_precision=none'])
+    assert train_flags.train_options(features).mixed_precision == 'none'
+  finally:
+    FLAGS.unparse_flags()
 
 
 @pytest.mark.slow

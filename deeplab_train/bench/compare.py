@@ -16,8 +16,7 @@ busier or cooler slows both alike, and reports per run:
     the median interval between consecutive step log lines (their absl
     timestamps) is reported too: the whole loop of both.
   peak RSS: the kernel's high-water mark of resident memory of the
-    trainer's process (and of its largest child), `ru_maxrss` of os.wait4
-    on that process: exact, whatever the run's length.
+    trainer's process (VmHWM), read while it runs.
 
 The records are pascal_voc_seg's (21 classes, `train-0000i-of-0000N`
 shards), the only kind the original reads besides its other built-in
@@ -39,6 +38,7 @@ from typing import Callable, List, NamedTuple, Optional, Tuple
 from absl import logging
 
 from deeplab_train.config import errors
+from deeplab_train.runtime import cpu as cpu_lib
 
 ORIGINAL_NAME = 'original'
 OURS_NAME = 'deeplab-train'
@@ -313,63 +313,47 @@ def speed_ratio(original_seconds, ours_seconds):
   return ratio, min(per_round), max(per_round)
 
 
-def cpu_features(cpuinfo_text):
-  """The CPU's model and the vector/matrix features that matter here.
-
-  Args:
-    cpuinfo_text: the text of /proc/cpuinfo.
-
-  Returns:
-    {'model_name', 'logical_cpus', 'avx2', 'avx512f', 'avx512_bf16', 'amx'}
-    (features as booleans; those of the first processor listed).
-  """
-  model, flags, count = None, None, 0
-  for line in cpuinfo_text.splitlines():
-    key, _, value = line.partition(':')
-    key = key.strip()
-    if key == 'processor':
-      count += 1
-    elif key == 'model name' and model is None:
-      model = value.strip()
-    elif key == 'flags' and flags is None:
-      flags = set(value.split())
-  flags = flags or set()
-  return {'model_name': model, 'logical_cpus': count,
-          'avx2': 'avx2' in flags, 'avx512f': 'avx512f' in flags,
-          'avx512_bf16': 'avx512_bf16' in flags,
-          'amx': bool(flags & {'amx_tile', 'amx_bf16', 'amx_int8'})}
-
-
-def machine_cpu(path='/proc/cpuinfo'):
-  """cpu_features of this machine plus 'usable_cores' (its affinity)."""
+def vm_hwm_mib(pid):
+  """The peak resident memory (VmHWM) of process `pid` so far, in MiB, or
+  0 when it cannot be read (gone, or no /proc)."""
   try:
-    with open(path) as f:
-      features = cpu_features(f.read())
-  except OSError:
-    features = cpu_features('')
-  features['usable_cores'] = len(os.sched_getaffinity(0))
-  return features
+    with open('/proc/%d/status' % pid) as f:
+      for line in f:
+        if line.startswith('VmHWM:'):
+          return int(line.split()[1]) / 1024.0
+  except (OSError, ValueError, IndexError):
+    pass
+  return 0.0
 
 
-def run_logged(argv, log_path, env=None):
+def run_logged(argv, log_path, env=None, poll_seconds=0.1):
   """Runs `argv` with its output in `log_path` and waits for it.
 
   Returns:
-    (exit code, peak RSS in MiB, wall seconds): the peak is the kernel's
-    ru_maxrss of that process (the largest of it and its children).
+    (exit code, peak RSS in MiB, wall seconds): the peak is the largest
+    VmHWM of the process read while it runs (every `poll_seconds`; the
+    trainers exec, so the pid stays theirs). ru_maxrss would not do: at
+    exec it keeps the high-water mark of the process forked from, here a
+    Python that may already hold TensorFlow.
   """
   start = time.time()
+  peak = 0.0
   with open(log_path, 'wb') as log:
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env)
     try:
-      _, status, usage = os.wait4(proc.pid, 0)
+      while True:
+        peak = max(peak, vm_hwm_mib(proc.pid))
+        try:
+          proc.wait(timeout=poll_seconds)
+          break
+        except subprocess.TimeoutExpired:
+          continue
     except BaseException:
       proc.kill()
       proc.wait()
       raise
-  proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4
-  return proc.returncode, usage.ru_maxrss / 1024.0, time.time() - start
+  return proc.returncode, peak, time.time() - start
 
 
 def _log_tail(path, lines=15):
@@ -494,7 +478,7 @@ def summarize(job, rounds, cpu, load_average):
   Args:
     job: the CompareJob.
     rounds: per round {'original': figures, 'ours': figures}.
-    cpu: machine_cpu().
+    cpu: runtime.cpu.machine_cpu().
     load_average: [1-minute load at the start, at the end].
   """
   original = [r['original'] for r in rounds]
@@ -549,7 +533,7 @@ def run_comparison(job):
         'original': run_trainer(original, job, data, work_dir, index),
         'ours': run_trainer(ours, job, data, work_dir, index)})
   shutil.rmtree(work_dir, ignore_errors=True)
-  return rounded(summarize(job, rounds, machine_cpu(),
+  return rounded(summarize(job, rounds, cpu_lib.machine_cpu(),
                            [load_start, os.getloadavg()[0]]))
 
 

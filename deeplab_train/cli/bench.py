@@ -29,7 +29,7 @@ trained with the same model and training flags on the same records
 fresh logdir, alternately (original, deeplab-train, original, ...) for
 --compare_rounds rounds of --compare_steps steps. Reported per run: the
 median s/step each trainer logs after the first third of its steps
-(warm-up), images/s and peak RSS (the kernel's ru_maxrss of the trainer
+(warm-up), images/s and peak RSS (the kernel's VmHWM of the trainer
 process); then the medians, the speed ratio original s/step / ours (> 1:
 deeplab-train is faster) with its range over the rounds, and the CPU's
 AVX2 / AVX-512 / AVX512_BF16 / AMX support. Flags the original does not

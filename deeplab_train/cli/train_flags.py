@@ -8,10 +8,12 @@ them into the library's option objects.
 import dataclasses
 
 from absl import flags
+from absl import logging
 
 from deeplab_train import config
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
+from deeplab_train.runtime import cpu as cpu_lib
 
 FLAGS = flags.FLAGS
 
@@ -101,9 +103,11 @@ _UNSUPPORTED_TABLE = (
 _SPEED_TABLE = (
     ('enum', 'mixed_precision', 'none',
      'Low-precision compute with fp32 variables, logits and loss: bf16 '
-     '(CPUs with AVX512_BF16/AMX; oneDNN rewrite) or fp16 (GPUs; with '
-     'dynamic loss scaling).',
-     {'enum_values': list(config.MIXED_PRECISION_MODES)}),
+     '(CPUs with AVX512_BF16/AMX; oneDNN rewrite), fp16 (GPUs; with '
+     'dynamic loss scaling), or auto: bf16 where the CPU has native '
+     'bfloat16, else none (see docs/speed.md; results differ slightly from '
+     'fp32 training).',
+     {'enum_values': list(config.MIXED_PRECISION_MODES) + [cpu_lib.AUTO]}),
     ('boolean', 'use_xla', False,
      'Compile the network and its gradients with XLA (for GPUs; on CPUs XLA '
      'is about 10x slower here).'),
@@ -161,9 +165,15 @@ def check_unsupported():
                              'not supported')
 
 
-def train_options():
-  """TrainOptions from the flags, validated."""
+def train_options(cpu_features=None):
+  """TrainOptions from the flags, validated; --mixed_precision=auto
+  resolved for `cpu_features` (default: this machine's, runtime/cpu.py)."""
   values = {name: FLAGS[name].value for name in _TRAIN_FIELDS}
+  if values['mixed_precision'] == cpu_lib.AUTO:
+    mode, reason = cpu_lib.auto_mixed_precision(
+        cpu_features if cpu_features is not None else cpu_lib.machine_cpu())
+    logging.info('--mixed_precision=auto: %s (%s)', mode, reason)
+    values['mixed_precision'] = mode
   return config.TrainOptions(**values).validate()
 
 

@@ -18,22 +18,18 @@ the checkpoints do not depend on them:
     'fp16': the float16 rewrite for GPUs; it needs loss scaling, which is
             in the training graph (see `loss_scale.py`), not here.
 """
-import os
 
 import tensorflow.compat.v1 as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 from deeplab_train import config as config_lib
+from deeplab_train.runtime import cpu as cpu_lib
 
 MIXED_PRECISION_MODES = config_lib.MIXED_PRECISION_MODES
 
 
-def usable_cores():
-  """Cores this process may run on (its CPU affinity, else the CPU count)."""
-  try:
-    return len(os.sched_getaffinity(0))
-  except (AttributeError, OSError):
-    return os.cpu_count() or 1
+# Re-exported: sizes the thread pools.
+usable_cores = cpu_lib.usable_cores
 
 
 def validate_mixed_precision(mode):

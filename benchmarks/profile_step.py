@@ -1,0 +1,196 @@
+"""Where a training step spends its time: the original DeepLab beside
+deeplab-train, op time grouped by kind, from a Chrome trace of one step.
+
+    python benchmarks/profile_step.py --original_dir=/tmp/deeplab-original \
+        --dataset_dir=RECORDS --work=work/profile [--steps=20] \
+        -- --model_variant=mobilenet_v2 --output_stride=8 \
+           --train_crop_size=321,321 --train_batch_size=4 \
+           --fine_tune_batch_norm=true
+
+RECORDS is a pascal_voc_seg TFRecords folder (e.g. from
+benchmarks/learning_curves.py or `deeplab-bench --compare_original`); the
+flags after `--` go to both trainers (the original's own flag names). Each
+trainer runs --steps steps in a fresh logdir and traces the step after
+three quarters of them: the original through tf_slim's trace_every_n_steps
+(set by a wrapper around its training loop, not by a flag of train.py),
+deeplab-train through its --profile_logdir. Prints, per kind of op, the
+summed op time of each (ms and share), the step's wall time in the trace,
+and each trainer's slowest op types. One trace is one step: compare shares,
+and repeat for figures to quote. Without --original_dir only deeplab-train
+is profiled.
+"""
+import argparse
+import collections
+import glob
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+# (kind, substrings of the op type), first match wins; the oneDNN prefixes
+# (_Mkl, _MklNative, _Fused) are kept, the substrings match inside them.
+KINDS = (
+    ('depthwise conv', ('Depthwise',)),
+    ('conv / 1x1 matmul', ('Conv2D', 'MatMul')),
+    ('batch norm', ('BatchNorm',)),
+    ('space-to-batch', ('SpaceToBatch', 'BatchToSpace')),
+    ('resize (logits)', ('Resize',)),
+    ('softmax loss', ('SoftmaxCrossEntropy', 'OneHot')),
+    ('optimizer', ('ApplyMomentum', 'ApplyKerasMomentum', 'ApplyAdam')),
+    ('input', ('IteratorGetNext', 'QueueDequeue')),
+    ('copies / layout', ('Transpose', 'MklToTf', 'InputConversion',
+                         'Identity', 'Reshape', 'Concat', 'Pad', 'Slice',
+                         'Tile', 'Pack', 'Unpack')),
+    ('activations', ('Relu',)),
+)
+OTHER = 'elementwise / other'
+
+# Runs the original's train.py with tf_slim's tracing on (argv[1]: every
+# how many steps); the rest of argv is train.py's.
+_ORIGINAL_WRAPPER = '''
+import runpy, sys
+import tf_slim.learning as learning
+every = int(sys.argv[1])
+plain_train = learning.train
+def traced_train(*args, **kwargs):
+  kwargs['trace_every_n_steps'] = every
+  return plain_train(*args, **kwargs)
+learning.train = traced_train
+sys.argv = ['train.py'] + sys.argv[2:]
+runpy.run_path('deeplab/train.py', run_name='__main__')
+'''
+
+# deeplab-train with a trace every argv[1] steps; the rest are its flags.
+_OURS_WRAPPER = '''
+import sys
+from deeplab_train.runtime import run
+run.PROFILE_STEPS = int(sys.argv[1])
+from deeplab_train.cli import train
+sys.argv = ['deeplab-train'] + sys.argv[2:]
+train.run()
+'''
+
+
+def kind_of(op_type):
+  for kind, parts in KINDS:
+    if any(p in op_type for p in parts):
+      return kind
+  return OTHER
+
+
+def summarize_trace(path):
+  """{'wall_ms', 'op_ms', 'kinds': {kind: ms}, 'ops': {op type: ms}}."""
+  with open(path) as f:
+    events = json.load(f)['traceEvents']
+  kinds, ops = collections.Counter(), collections.Counter()
+  start, end = None, None
+  for event in events:
+    if event.get('ph') != 'X':
+      continue
+    op = event.get('args', {}).get('op') or event.get('name')
+    ms = event.get('dur', 0) / 1000.0
+    kinds[kind_of(op)] += ms
+    ops[op] += ms
+    start = event['ts'] if start is None else min(start, event['ts'])
+    finish = event['ts'] + event.get('dur', 0)
+    end = finish if end is None else max(end, finish)
+  return {'wall_ms': (end - start) / 1000.0 if events else 0.0,
+          'op_ms': sum(kinds.values()), 'kinds': dict(kinds),
+          'ops': dict(ops)}
+
+
+def run_logged(argv, log_path, cwd=None, env=None):
+  with open(log_path, 'w') as log:
+    code = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT,
+                           cwd=cwd, env=env)
+  if code:
+    sys.exit('%s failed (exit %d): see %s' % (argv[0], code, log_path))
+
+
+def trace_original(original_dir, flags, work, steps, every):
+  logdir = work / 'original'
+  wrapper = work / 'original_wrapper.py'
+  wrapper.write_text(_ORIGINAL_WRAPPER)
+  script = ('source %s/env.sh && cd %s/research && exec python %s "$@"'
+            % (original_dir, original_dir, wrapper))
+  run_logged(['bash', '-c', script, 'trace', str(every)] + flags +
+             ['--train_logdir=%s' % logdir,
+              '--training_number_of_steps=%d' % steps],
+             work / 'original.log')
+  # tf_slim names the trace after the step count once it is done.
+  return _last_trace(logdir, 'tf_trace-*.json')
+
+
+def trace_ours(flags, work, steps, every):
+  logdir = work / 'ours'
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  run_logged([sys.executable, '-c', _OURS_WRAPPER, str(every)] + flags +
+             ['--train_logdir=%s' % logdir, '--profile_logdir=%s' % logdir,
+              '--training_number_of_steps=%d' % steps],
+             work / 'ours.log', cwd=str(REPO), env=env)
+  return _last_trace(logdir, 'timeline-*.json')
+
+
+def _last_trace(logdir, pattern):
+  def step(path):
+    return int(path.rsplit('-', 1)[1].split('.')[0])
+  traces = sorted(glob.glob(str(logdir / pattern)), key=step)
+  if not traces:
+    sys.exit('no trace written in %s' % logdir)
+  return traces[-1]
+
+
+def table(named):
+  """Rows of op time per kind, one column pair per (name, summary)."""
+  kinds = [k for k, _ in KINDS] + [OTHER]
+  head = '%-22s' % 'kind' + ''.join('%22s' % n for n, _ in named)
+  lines = [head]
+  for kind in kinds:
+    cells = ''
+    for _, s in named:
+      ms = s['kinds'].get(kind, 0.0)
+      cells += '%12.1f ms %5.1f%%' % (ms, 100.0 * ms / max(s['op_ms'], 1e-9))
+    lines.append('%-22s' % kind + cells)
+  lines.append('%-22s' % 'sum of op times' +
+               ''.join('%15.1f ms   ' % s['op_ms'] for _, s in named))
+  lines.append('%-22s' % 'wall time of the step' +
+               ''.join('%15.1f ms   ' % s['wall_ms'] for _, s in named))
+  for name, s in named:
+    lines.append('slowest op types, %s:' % name)
+    top = sorted(s['ops'].items(), key=lambda kv: -kv[1])[:12]
+    lines.extend('  %-48s %8.1f ms' % kv for kv in top)
+  return '\n'.join(lines)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--original_dir')
+  parser.add_argument('--dataset_dir', required=True)
+  parser.add_argument('--work', default='work/profile')
+  parser.add_argument('--steps', type=int, default=20)
+  parser.add_argument('flags', nargs='*',
+                      help='trainer flags (after --), e.g. --model_variant=X')
+  args = parser.parse_args()
+  work = pathlib.Path(args.work).resolve()
+  work.mkdir(parents=True, exist_ok=True)
+  flags = ['--dataset=pascal_voc_seg', '--dataset_dir=%s' % args.dataset_dir,
+           '--log_steps=1'] + args.flags
+  every = max(1, args.steps * 3 // 4)
+  named = []
+  if args.original_dir:
+    original = summarize_trace(trace_original(
+        pathlib.Path(args.original_dir).resolve(), flags, work, args.steps,
+        every))
+    named.append(('original', original))
+  named.append(('deeplab-train', summarize_trace(
+      trace_ours(flags, work, args.steps, every))))
+  print(table(named))
+  with open(work / 'profile.json', 'w') as f:
+    json.dump(dict(named), f, indent=1, sort_keys=True)
+
+
+if __name__ == '__main__':
+  main()
