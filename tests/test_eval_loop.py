@@ -1,4 +1,5 @@
 """deeplab-eval end to end on a tiny split, and its failure modes."""
+import csv
 import errno
 import glob
 import json
@@ -9,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+from PIL import Image
 import pytest
 import tensorflow.compat.v1 as tf
 
@@ -88,6 +90,36 @@ def test_eval_matches_exported_graph(tiny, tmp_path, capsys):
           for v in e.summary.value}
   assert {'eval/miou_1.0_overall', 'eval/miou_1.0_class_0',
           'eval/pixel_accuracy'} <= tags
+
+
+def test_confusion_matrix_files_and_confused_pairs(tiny, tmp_path, capsys):
+  """The CSV counts every labelled pixel once; PNG and JSON go with it."""
+  eval_dir = tmp_path / 'eval'
+  code = et.run_cli(eval_cli, [
+      '--checkpoint_dir=' + tiny['train'], '--dataset_dir=' + tiny['data'],
+      '--eval_logdir=%s' % eval_dir, '--eval_crop_size=41,41'])
+  out = capsys.readouterr().out
+  assert code == 0
+  result = _last_json_line(out)
+  with open(eval_dir / 'confusion_matrix.csv', newline='') as f:
+    rows = list(csv.reader(f))
+  assert rows[0][1:] == ['bg', 'cat', 'dog'] == [r[0] for r in rows[1:]]
+  counts = np.array([[int(v) for v in r[1:]] for r in rows[1:]])
+  labelled = sum(int(np.sum(label != et.IGNORE))
+                 for _, _, label in et.tiny_images())
+  assert counts.sum() == labelled == result['num_pixels']
+  with Image.open(eval_dir / 'confusion_matrix.png') as image:
+    assert image.format == 'PNG' and image.width > 100
+  assert not [p for p in os.listdir(eval_dir) if '.tmp-' in p]
+  assert set(result['per_class_precision']) == {'bg', 'cat', 'dog'}
+  assert result['per_class_recall']['cat'] == pytest.approx(
+      counts[1, 1] / counts[1].sum())
+  shares = counts / counts.sum(axis=1, keepdims=True)
+  np.fill_diagonal(shares, 0)
+  top = result['most_confused_pairs'][0]
+  assert top['share'] == pytest.approx(shares.max())
+  assert top['pixels'] == counts[top['ground_truth_id'], top['predicted_id']]
+  assert 'most confused classes' in out and 'precision' in out
 
 
 def test_metrics_are_printed_when_the_results_cannot_be_written(

@@ -1,4 +1,5 @@
-r"""deeplab-eval: mIoU, per-class IoU and pixel accuracy of a checkpoint.
+r"""deeplab-eval: mIoU, per-class IoU, precision and recall, pixel accuracy
+and confusion matrix of a checkpoint.
 
     deeplab-eval --checkpoint_dir=TRAIN_LOGDIR --dataset_dir=TFRECORDS \\
         [--eval_split=val] [--eval_logdir=DIR] [--eval_crop_size=513,513] \\
@@ -10,9 +11,16 @@ none). With --eval_interval_secs (or --max_number_of_evaluations other than
 options come from the deeplab_config.json saved by deeplab-train; model flags
 are only needed for checkpoints without one.
 
-Prints a per-class table and, last, one JSON line; writes the same JSON to
---eval_result_json (default EVAL_LOGDIR/eval_result.json) and TensorBoard
-summaries to EVAL_LOGDIR. Exit codes: 0 ok, 2 bad input, 1 unexpected error.
+Prints a per-class table (IoU, precision, recall), the 5 most confused
+pairs of classes (ground truth -> predicted, share of the ground-truth
+class's pixels) and, last, one JSON line holding all of them; writes the
+same JSON to --eval_result_json (default EVAL_LOGDIR/eval_result.json) and
+TensorBoard summaries to EVAL_LOGDIR, with the confusion matrix as
+EVAL_LOGDIR/confusion_matrix.csv (pixel counts, rows = ground truth,
+columns = prediction) and EVAL_LOGDIR/confusion_matrix.png (heatmap, each
+row divided by its ground-truth pixels). In follow mode each evaluation
+overwrites these two files: they show the latest checkpoint evaluated.
+Exit codes: 0 ok, 2 bad input, 1 unexpected error.
 """
 import dataclasses
 import os
@@ -27,6 +35,7 @@ from deeplab_train.cli import flag_table
 from deeplab_train.cli import inference_flags
 from deeplab_train.cli import output_paths
 from deeplab_train.data import datasets
+from deeplab_train.evaluation import confusion
 from deeplab_train.evaluation import eval_loop
 from deeplab_train.evaluation import metrics
 from deeplab_train.model import registry
@@ -45,8 +54,8 @@ FLAG_NAMES = {'InferenceOptions.crop_size': 'eval_crop_size',
 # inference_flags): output, split, batch, crop and follow mode.
 _EVAL_TABLE = (
     ('string', 'eval_logdir', None,
-     'Where to write the event logs and eval_result.json (default: '
-     'CHECKPOINT_DIR/eval).'),
+     'Where to write the event logs, eval_result.json and '
+     'confusion_matrix.csv/.png (default: CHECKPOINT_DIR/eval).'),
     ('integer', 'eval_batch_size', 1,
      'The number of images in each batch during evaluation.'),
     ('list', 'eval_crop_size', None,
@@ -134,6 +143,7 @@ def options_from_flags():
 
 def print_scores(result, scores):
   print(metrics.format_table(scores))
+  print(confusion.format_confused_pairs(scores.most_confused))
   print('checkpoint %s (step %s), %d images of split %r'
         % (result['checkpoint'], result['global_step'], result['num_images'],
            result['split']))

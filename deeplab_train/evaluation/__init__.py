@@ -1,7 +1,9 @@
 """Evaluation and visualisation behind `deeplab-eval` and `deeplab-vis`.
 
   metrics     confusion matrix (ignore label excluded), mIoU, per-class IoU,
-              pixel accuracy
+              precision and recall, pixel accuracy
+  confusion   the confusion matrix as CSV and as a row-normalised heatmap
+              PNG, the most confused class pairs
   predictor   restores a checkpoint into an inference graph (multi-scale,
               flips) for any image size
   eval_loop   run-once and follow-a-logdir evaluation, tables, JSON, summaries

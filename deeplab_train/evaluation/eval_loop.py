@@ -7,10 +7,14 @@ evaluation runs are skipped in favour of the newest, as the original's
 checkpoint iterator does), up to a maximum number of evaluations or a
 timeout without new checkpoints.
 
-Each evaluation produces a result dict (mIoU, per-class IoU, pixel
-accuracy, flags for classes never predicted / absent from the ground truth),
-written atomically as JSON and as TensorBoard scalars with the original's
-tags (`eval/miou_1.0_overall`, `eval/miou_1.0_class_N`).
+Each evaluation produces a result dict (mIoU, per-class IoU, precision and
+recall, pixel accuracy, flags for classes never predicted / absent from the
+ground truth, the most confused pairs of classes), written atomically as
+JSON and as TensorBoard scalars with the original's tags
+(`eval/miou_1.0_overall`, `eval/miou_1.0_class_N`). Its confusion matrix
+goes to eval_logdir as `confusion_matrix.csv` (pixel counts) and
+`confusion_matrix.png` (row-normalised heatmap); in follow mode each
+evaluation overwrites them, so they are the latest checkpoint's.
 """
 import logging
 import os
@@ -20,11 +24,14 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
 from deeplab_train.data import pipeline
+from deeplab_train.evaluation import confusion as confusion_lib
 from deeplab_train.evaluation import metrics as metrics_lib
 from deeplab_train.evaluation import predictor as predictor_lib
 from deeplab_train import atomic
 
 RESULT_FILENAME = 'eval_result.json'
+CONFUSION_CSV_FILENAME = 'confusion_matrix.csv'
+CONFUSION_PNG_FILENAME = 'confusion_matrix.png'
 
 _log = logging.getLogger(__name__)
 
@@ -34,8 +41,8 @@ class InputDataError(config.ConfigError):
 
 
 class ResultNotWrittenError(RuntimeError):
-  """The evaluation finished but its summaries or JSON could not be
-  written; `result` and `scores` hold what it measured."""
+  """The evaluation finished but its summaries, confusion matrix files or
+  JSON could not be written; `result` and `scores` hold what it measured."""
 
   def __init__(self, path, reason, result, scores):
     super().__init__('cannot write the evaluation results to %s: %s (the '
@@ -254,7 +261,8 @@ def evaluate(checkpoint_dir, eval_logdir, model_options, inference,
 
   Args:
     checkpoint_dir: train logdir, or a checkpoint prefix (run-once only).
-    eval_logdir: where summaries and the default result JSON go.
+    eval_logdir: where summaries, the confusion matrix files and the default
+      result JSON go.
     model_options: ModelOptions of the network.
     inference: InferenceOptions (crop, scales, flips).
     eval_options: EvalOptions.
@@ -273,7 +281,8 @@ def evaluate(checkpoint_dir, eval_logdir, model_options, inference,
     NoCheckpointError: run-once mode and no checkpoint.
     CheckpointMismatchError, ImageTooLargeError, InputDataError,
     LabelRangeError: bad input.
-    ResultNotWrittenError: eval_logdir or the result JSON not writable.
+    ResultNotWrittenError: eval_logdir, a file in it or the result JSON not
+      writable.
   """
   eval_options.validate()
   inference.validate()
@@ -304,12 +313,30 @@ def evaluate(checkpoint_dir, eval_logdir, model_options, inference,
   return results
 
 
+def heatmap_title(result):
+  """E.g. 'confusion matrix of step 7 (split val): mIoU 0.4321'."""
+  miou = result['miou']
+  return 'confusion matrix of step %s (split %s): mIoU %s' % (
+      result['global_step'], result['split'],
+      '-' if miou is None else '%.4f' % miou)
+
+
 def _write_outputs(eval_logdir, result_json, result, scores, inference):
-  """Summaries in eval_logdir and the JSON file, or ResultNotWrittenError."""
+  """Summaries and confusion matrix files in eval_logdir and the JSON file,
+  or ResultNotWrittenError.
+
+  The JSON is written last, so when it changes the other files already hold
+  the same evaluation.
+  """
   path = eval_logdir
   try:
     os.makedirs(eval_logdir, exist_ok=True)
     write_summaries(eval_logdir, result, inference)
+    path = os.path.join(eval_logdir, CONFUSION_CSV_FILENAME)
+    confusion_lib.write_csv(path, scores.counts, scores.class_names)
+    path = os.path.join(eval_logdir, CONFUSION_PNG_FILENAME)
+    confusion_lib.write_heatmap(path, scores.counts, scores.class_names,
+                                heatmap_title(result))
     path = result_json
     atomic.write_json(result_json, result)
   except (OSError, tf.errors.OpError) as e:
