@@ -70,9 +70,15 @@ def test_voc_layout_to_shards_and_dataset_json(tmp_path):
       'val-00001-of-00002.tfrecord']
   with open(os.path.join(out, 'dataset.json')) as f:
     saved = json.load(f)
+  counted = saved.pop('statistics')  # see test_data_stats.py
   assert saved == {'name': 'tiny', 'num_classes': 4, 'ignore_label': 255,
                    'splits_to_sizes': {'train': 5, 'val': 3},
                    'class_names': None, 'palette': 'pascal'}
+  for split, pairs in (('train', train), ('val', val)):
+    assert counted[split]['num_images'] == len(pairs)
+    assert counted[split]['class_pixels'] == np.bincount(
+        np.concatenate([ids.ravel() for _, _, ids in pairs]),
+        minlength=4).tolist()
   assert info == datasets.read_dataset_json(out)
   records = all_records(out, 'train', 2)
   assert [r[0]['image/filename'].bytes_list.value[0] for r in records] == [
@@ -165,7 +171,7 @@ def test_failed_rebuild_leaves_the_old_build_as_it_was(tmp_path, monkeypatch,
     def full_on_val(entries, temp_path, options, stop):
       if 'val-' in temp_path:
         raise OSError(errno.ENOSPC, 'No space left on device', temp_path)
-      write_shard(entries, temp_path, options, stop)
+      return write_shard(entries, temp_path, options, stop)
     monkeypatch.setattr(build, '_write_shard', full_on_val)
   # Train is converted first (and would be complete) before val fails.
   with pytest.raises((build.DataError, OSError)):

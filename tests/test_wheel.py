@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 
 REPO = tt.REPO
 COMMANDS = ('deeplab-build-data', 'deeplab-train', 'deeplab-eval',
-            'deeplab-vis', 'deeplab-export', 'deeplab-bench')
+            'deeplab-vis', 'deeplab-export', 'deeplab-bench',
+            'deeplab-stats')
 # What a clone has that the build may read; the rest (venvs, outputs) not.
 _NOT_SOURCES = shutil.ignore_patterns(
     '.git', '.venv', 'work', 'build', 'dist', '*.egg-info', '__pycache__',

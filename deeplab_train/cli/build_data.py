@@ -17,6 +17,12 @@ Palette ('P') and grey ('L') label PNGs are read as class ids; RGB colour
 labels are converted through --colormap (or refused with
 --noconvert_rgb_labels). Run once per split to add splits to the same
 --output_dir: dataset.json keeps the union of the splits.
+
+dataset.json also records each split's statistics (images, size range,
+pixels per class and of the ignore label), which are printed as a table,
+with warnings for a class missing from a training split, a class under
+0.1 % of the labelled pixels and ignore over 30 % of the pixels
+(deeplab-stats prints the same for existing TFRecords).
 Exit status: 0 done, 2 bad input (one-line message on stderr), 1 anything
 else; the last line on stdout is a JSON result line.
 """
@@ -32,6 +38,7 @@ from deeplab_train.cli import output_paths
 from deeplab_train.config import ConfigError
 from deeplab_train.data import build
 from deeplab_train.data import colormap
+from deeplab_train.data import stats
 
 FLAGS = flags.FLAGS
 COMMAND = 'deeplab-build-data'
@@ -150,6 +157,27 @@ def convert(job):
                          label_format=job.label_format)
 
 
+def report_statistics(info, splits):
+  """Prints the statistics table of each of `splits` that info counted and
+  logs its warnings.
+
+  Returns:
+    The warnings, in order.
+  """
+  warnings = []
+  for split in splits:
+    counted = info.split_statistics(split)
+    if counted is None:
+      continue
+    print(stats.format_table(split, counted, info.class_names,
+                             info.ignore_label))
+    for warning in stats.split_warnings(split, counted, info.class_names,
+                                        info.ignore_label):
+      logging.warning('%s', warning)
+      warnings.append(warning)
+  return warnings
+
+
 def _build():
   job = options_from_flags()
   info = convert(job)
@@ -157,10 +185,15 @@ def _build():
         % (job.output_dir, info.name, info.num_classes, info.ignore_label,
            ', '.join('%s=%d' % kv for kv in sorted(
                info.splits_to_sizes.items()))))
+  # The splits converted now (every split of a VOC layout without
+  # --split_name).
+  warnings = report_statistics(
+      info, [job.split_name] if job.split_name else sorted(
+          info.statistics or {}))
   app.print_result('ok', output_dir=job.output_dir, dataset=info.name,
                    num_classes=info.num_classes,
                    ignore_label=info.ignore_label,
-                   splits=dict(info.splits_to_sizes))
+                   splits=dict(info.splits_to_sizes), warnings=warnings)
 
 
 def main(argv):

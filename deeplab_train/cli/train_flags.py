@@ -4,8 +4,14 @@ The original train.py's names and defaults: towers, optimisation, loss,
 fine-tuning, speed, the training crop and its augmentation. Importing this
 module defines them once; `train_options()` and `preprocess_options()` turn
 them into the library's option objects.
+
+--label_weights takes one weight per class, or the name of a scheme that
+derives them from the pixel counts of --train_split recorded in
+--dataset_dir/dataset.json (data/stats.py has the formulas): auto /
+auto_median (median-frequency balancing) or auto_inverse_sqrt.
 """
 import dataclasses
+import os
 
 from absl import flags
 from absl import logging
@@ -13,6 +19,8 @@ from absl import logging
 from deeplab_train import config
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
+from deeplab_train.data import datasets
+from deeplab_train.data import stats as stats_lib
 from deeplab_train.runtime import cpu as cpu_lib
 
 FLAGS = flags.FLAGS
@@ -75,8 +83,6 @@ _LOSS_TABLE = (
      'The gradient multiplier for last layers, which is used to boost the '
      'gradient of last layers if the value > 1.'),
     ('boolean', 'upsample_logits', True, 'Upsample logits during training.'),
-    ('multi_float', 'label_weights', None,
-     'One loss weight per class (repeat the flag); unset: all 1.'),
     ('boolean', 'fine_tune_batch_norm', True,
      'Fine tune the batch norm parameters or not (needs 12 or more images '
      'per clone).'),
@@ -151,6 +157,44 @@ flag_table.define(_TOWER_TABLE, _OPTIMISATION_TABLE, _LOSS_TABLE,
                   _UNSUPPORTED_TABLE, _SPEED_TABLE, _FINE_TUNING_TABLE,
                   _AUGMENTATION_TABLE)
 
+
+class _LabelWeightParser(flags.FloatParser):
+  """A class weight (a number) or the name of a weighting scheme."""
+
+  syntactic_help = 'a number or one of %s' % ', '.join(
+      stats_lib.WEIGHT_SCHEMES)
+
+  def convert(self, argument):
+    if isinstance(argument, str) and argument.strip() in (
+        stats_lib.WEIGHT_SCHEMES):
+      return argument.strip()
+    try:
+      return super().convert(argument)
+    except ValueError:
+      raise ValueError('%r is neither a number nor one of %s'
+                       % (argument, ', '.join(stats_lib.WEIGHT_SCHEMES))
+                       ) from None
+
+  def is_outside_bounds(self, val):
+    return False  # TrainOptions.validate refuses negative weights
+
+  def flag_type(self):
+    return 'float or scheme'
+
+
+# Loss (not in _LOSS_TABLE: a float flag that also takes scheme names).
+flags.DEFINE_multi(
+    _LabelWeightParser(), flags.ArgumentSerializer(), 'label_weights', None,
+    'One loss weight per class (repeat the flag); unset: all 1. Or one of '
+    'these schemes, deriving the weights from the pixel counts of '
+    '--train_split in --dataset_dir/dataset.json (freq_c: class c\'s share '
+    'of the labelled pixels, ignore excluded): auto or auto_median: '
+    'median(freq) / freq_c (median-frequency balancing, median over the '
+    'classes present); auto_inverse_sqrt: 1 / sqrt(freq_c), normalised to '
+    'mean 1 over the classes present. A class with no pixel gets the '
+    'largest weight (with a warning). The counts are written by '
+    'deeplab-build-data, or by deeplab-stats --write_dataset_json.')
+
 # Every TrainOptions field is set by the flag of the same name.
 _TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(config.TrainOptions))
 
@@ -169,12 +213,68 @@ def train_options(cpu_features=None):
   """TrainOptions from the flags, validated; --mixed_precision=auto
   resolved for `cpu_features` (default: this machine's, runtime/cpu.py)."""
   values = {name: FLAGS[name].value for name in _TRAIN_FIELDS}
+  values['label_weights'] = label_weights()
   if values['mixed_precision'] == cpu_lib.AUTO:
     mode, reason = cpu_lib.auto_mixed_precision(
         cpu_features if cpu_features is not None else cpu_lib.machine_cpu())
     logging.info('--mixed_precision=auto: %s (%s)', mode, reason)
     values['mixed_precision'] = mode
   return config.TrainOptions(**values).validate()
+
+
+def label_weights():
+  """--label_weights as one float per class, or None (all 1): the numbers
+  given, or those a scheme derives from --train_split's pixel counts
+  (stats.class_weights), logged as a table.
+
+  Raises:
+    config.ConfigError: a scheme mixed with numbers, or no pixel counts of
+      --train_split in --dataset_dir/dataset.json.
+  """
+  given = FLAGS.label_weights
+  if not given:
+    return None
+  schemes = [w for w in given if isinstance(w, str)]
+  if not schemes:
+    return tuple(given)
+  if len(given) > 1:
+    raise config.ConfigError(
+        '--label_weights=%s derives every class weight: give it alone, or '
+        'one number per class', schemes[0])
+  return _derived_weights(schemes[0], FLAGS.dataset_dir, FLAGS.train_split)
+
+
+def _derived_weights(scheme, dataset_dir, split):
+  """The weights `scheme` gives for the counts of `split` in dataset_dir's
+  dataset.json (see label_weights)."""
+  info = (datasets.read_dataset_json(dataset_dir)
+          if dataset_dir and os.path.isdir(dataset_dir) else None)
+  counted = info.split_statistics(split) if info is not None else None
+  if counted is None:
+    where = (os.path.join(dataset_dir, datasets.DATASET_JSON)
+             if dataset_dir else '--dataset_dir/dataset.json')
+    raise config.ConfigError(
+        '--label_weights=%s needs the pixel counts of split %r, which %s '
+        'does not hold: run deeplab-stats --dataset_dir=%s --split=%s '
+        '--write_dataset_json, or rebuild the split with deeplab-build-data',
+        scheme, split, where, dataset_dir or 'DIR', split)
+  try:
+    weights, absent = stats_lib.class_weights(counted.class_pixels, scheme)
+  except config.ConfigError as e:
+    raise config.ConfigError('--label_weights=%s: split %r: %s', scheme,
+                             split, str(e)) from None
+  logging.info('--label_weights=%s: weight_c = %s, from the %d labelled '
+               'pixels of split %r:\n%s', scheme,
+               stats_lib.WEIGHT_FORMULAS[scheme], counted.labelled_pixels,
+               split, stats_lib.format_weights(weights, counted.class_pixels,
+                                               info.class_names))
+  if absent:
+    logging.warning(
+        '--label_weights=%s: split %r has no pixel of %s: given the largest '
+        'weight, %.4g', scheme, split, ', '.join(
+            stats_lib.class_label(i, info.class_names) for i in absent),
+        weights[absent[0]])
+  return weights
 
 
 def train_crop():

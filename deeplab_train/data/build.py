@@ -10,7 +10,10 @@ The conversion behind deeplab-build-data, in four modules:
 A build is all or nothing: every split's shards and the new dataset.json are
 written under hidden temp names, and renamed into place only when all are
 complete, so a bad file or a full disk leaves the previous build as it was.
-dataset.json keeps the union of the splits converted into one folder.
+dataset.json keeps the union of the splits converted into one folder, and
+each split's statistics (images, size range, pixels per class and of the
+ignore label: data/stats.py), counted from the label arrays the conversion
+decodes anyway.
 """
 import concurrent.futures
 import logging
@@ -24,6 +27,7 @@ from deeplab_train.data import build_examples
 from deeplab_train.data import build_inputs
 from deeplab_train.data import build_options
 from deeplab_train.data import datasets
+from deeplab_train.data import stats
 from deeplab_train.data import tfrecord
 
 _log = logging.getLogger(__name__)
@@ -38,12 +42,17 @@ Entry = build_inputs.Entry
 # Writing shards.
 # ---------------------------------------------------------------------------
 def _write_shard(entries, temp_path, options, stop):
+  """Writes one shard; returns the stats.SplitCounter of its pairs."""
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+  counter = stats.SplitCounter(options.num_classes, options.ignore_label)
   with tf.io.TFRecordWriter(temp_path) as writer:
     for entry in entries:
       if stop.is_set():
-        return
-      writer.write(build_examples.make_example(entry, options))
+        break
+      pair = build_examples.encode_pair(entry, options)
+      writer.write(pair.serialized)
+      counter.add(pair.height, pair.width, pair.label_ids)
+  return counter
 
 
 def _shard_ranges(num_items, num_shards):
@@ -60,8 +69,8 @@ def write_split(entries, split, output_dir, options):
   converted in parallel threads.
 
   Returns:
-    [(temp path, final path)] of the shards; the caller renames them into
-    place (`_switch`) or removes them.
+    ([(temp path, final path)] of the shards, which the caller renames into
+    place (`_switch`) or removes; the split's stats.SplitStats).
 
   Raises:
     DataError: the first invalid pair (the temp files are removed).
@@ -86,7 +95,9 @@ def write_split(entries, split, output_dir, options):
   except BaseException:
     _remove(temps)
     raise
-  return list(zip(temps, finals))
+  counted = stats.merge_counters([f.result() for f in futures],
+                                 options.num_classes, options.ignore_label)
+  return list(zip(temps, finals)), counted
 
 
 def _remove(paths):
@@ -125,10 +136,13 @@ def _check_existing(existing, options, path):
         options.num_classes, options.ignore_label)
 
 
-def dataset_info_for(options, split_sizes, existing=None):
-  """The DatasetInfo to write: `existing` splits merged with `split_sizes`."""
+def dataset_info_for(options, split_sizes, existing=None, split_stats=None):
+  """The DatasetInfo to write: `existing` splits merged with `split_sizes`
+  and their statistics with `split_stats` ({split: stats.SplitStats})."""
   splits = dict(existing.splits_to_sizes) if existing else {}
   splits.update(split_sizes)
+  counted = dict(existing.statistics or {}) if existing else {}
+  counted.update(split_stats or {})
   class_names = options.class_names
   builtin = datasets.BUILTIN_DATASETS.get(options.dataset_name)
   if class_names is None and existing is not None:
@@ -139,7 +153,8 @@ def dataset_info_for(options, split_sizes, existing=None):
   return datasets.DatasetInfo(
       name=options.dataset_name, num_classes=options.num_classes,
       ignore_label=options.ignore_label, splits_to_sizes=splits,
-      class_names=class_names, palette=options.palette())
+      class_names=class_names, palette=options.palette(),
+      statistics=counted or None)
 
 
 def convert(splits_to_entries, output_dir, options):
@@ -151,7 +166,8 @@ def convert(splits_to_entries, output_dir, options):
     options: BuildOptions.
 
   Returns:
-    The DatasetInfo written to `output_dir/dataset.json`.
+    The DatasetInfo written to `output_dir/dataset.json` (its statistics
+    hold the splits converted now, and those of earlier builds).
 
   Raises:
     ConfigError / DataError: bad options or input files.
@@ -165,16 +181,18 @@ def convert(splits_to_entries, output_dir, options):
   # All or nothing: every split is written under temp names first; the old
   # build (shards and dataset.json) stays as it was until all of them and
   # the new dataset.json are complete, then everything is renamed in.
-  sizes, written = {}, []
+  sizes, counted, written = {}, {}, []
   try:
     for split, entries in splits_to_entries.items():
       if not entries:
         raise ConfigError('split %r has no images', split)
       _log.info('converting %d images of split %r into %d shards',
                 len(entries), split, options.num_shards)
-      written += write_split(entries, split, output_dir, options)
+      shards, counted[split] = write_split(entries, split, output_dir,
+                                           options)
+      written += shards
       sizes[split] = len(entries)
-    info = dataset_info_for(options, sizes, existing)
+    info = dataset_info_for(options, sizes, existing, counted)
     info.validate(json_path)
     with atomic.writing(json_path) as temp_json:
       atomic.write_json(temp_json, info.to_dict())

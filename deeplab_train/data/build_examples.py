@@ -5,9 +5,12 @@ label have the same size, and label ids lie in `[0, num_classes)` or equal
 `ignore_label`. Label PNGs in palette ('P') or grey ('L') form are read as
 ids; RGB colour labels are mapped back to ids through the colormap, or
 refused. Labels are always re-encoded as single-channel PNGs of ids (readers
-decode them with `decode_png(channels=1)`).
+decode them with `decode_png(channels=1)`). `encode_pair` also returns the
+decoded ids, for the split's statistics.
 """
+import dataclasses
 import io
+from typing import Optional
 
 import numpy as np
 from PIL import Image
@@ -163,17 +166,28 @@ def encode_label_png(ids):
   return buf.getvalue()
 
 
-def make_example(entry, options):
+@dataclasses.dataclass(frozen=True)
+class EncodedPair:
+  """One pair, encoded: the serialized tf.train.Example, the image size and
+  the label ids it holds (None for an unlabelled image), which the
+  converter counts (data/stats.py) without decoding the label again."""
+  serialized: bytes
+  height: int
+  width: int
+  label_ids: Optional[np.ndarray]
+
+
+def encode_pair(entry, options):
   """Reads, validates and encodes one pair.
 
   Returns:
-    The serialized tf.train.Example.
+    EncodedPair.
 
   Raises:
     DataError: any problem with the files, naming them.
   """
   image_data, image_format, height, width = read_image(entry.image_path)
-  label_data = None
+  ids = label_data = None
   if entry.label_path is not None:
     ids = read_label(entry.label_path, options)
     if ids.shape != (height, width):
@@ -184,4 +198,16 @@ def make_example(entry, options):
     label_data = encode_label_png(ids)
   example = tfrecord.encode_example(image_data, entry.name, image_format,
                                     height, width, label_data)
-  return example.SerializeToString()
+  return EncodedPair(example.SerializeToString(), height, width, ids)
+
+
+def make_example(entry, options):
+  """Reads, validates and encodes one pair.
+
+  Returns:
+    The serialized tf.train.Example.
+
+  Raises:
+    DataError: any problem with the files, naming them.
+  """
+  return encode_pair(entry, options).serialized

@@ -7,7 +7,14 @@ described by a `dataset.json` beside its TFRecords (written by
     {"name": "shapes", "num_classes": 5, "ignore_label": 255,
      "splits_to_sizes": {"train": 100, "val": 30},
      "class_names": ["background", "disk", ...],
-     "palette": "pascal"}          # or [[r, g, b], ...] one per class
+     "palette": "pascal",          # or [[r, g, b], ...] one per class
+     "statistics": {"train": {"num_images": 100, "class_pixels": [...],
+                              "ignore_pixels": 900, ...}, ...}}
+
+"statistics" (per split: image count, size range, pixels per class and of
+the ignore label; see data/stats.py) is written by deeplab-build-data and
+deeplab-stats --write_dataset_json; files without it (older builds, written
+by hand) are read as before.
 
 `load_dataset_info(name, dataset_dir)` prefers that file over the built-in
 table, so a converted copy of PASCAL with a different split list is described
@@ -22,6 +29,7 @@ from deeplab_train import atomic
 from deeplab_train.config import ConfigError
 from deeplab_train.config.serialize import read_json_file
 from deeplab_train.data import colormap as colormap_lib
+from deeplab_train.data import stats as stats_lib
 
 DATASET_JSON = 'dataset.json'
 
@@ -78,6 +86,8 @@ class DatasetInfo:
     class_names: one name per class id, or None when unknown.
     palette: a colormap name ('pascal', 'cityscapes', 'ade20k'), a tuple of
       (r, g, b) per class, or None (then 'pascal' is used for display).
+    statistics: {split name: stats.SplitStats} of the splits counted, or
+      None when unknown (built-in table, older dataset.json).
   """
   name: str
   num_classes: int
@@ -85,6 +95,7 @@ class DatasetInfo:
   splits_to_sizes: Dict[str, int]
   class_names: Optional[Tuple[str, ...]] = None
   palette: Palette = None
+  statistics: Optional[Dict[str, stats_lib.SplitStats]] = None
 
   def __post_init__(self):
     set_ = lambda k, v: object.__setattr__(self, k, v)
@@ -94,8 +105,13 @@ class DatasetInfo:
       set_('class_names', tuple(str(c) for c in self.class_names))
     if self.palette is not None and not isinstance(self.palette, str):
       set_('palette', tuple(tuple(int(v) for v in c) for c in self.palette))
+    if self.statistics is not None:
+      set_('statistics', {
+          str(k): (v if isinstance(v, stats_lib.SplitStats)
+                   else stats_lib.SplitStats.from_dict(v))
+          for k, v in dict(self.statistics).items()})
 
-  __hash__ = None  # splits_to_sizes is a dict
+  __hash__ = None  # splits_to_sizes and statistics are dicts
 
   def validate(self, source='dataset info'):
     """Checks the fields are consistent.
@@ -127,7 +143,25 @@ class DatasetInfo:
       colormap_lib.as_colormap(self.display_palette())
     except ValueError as e:
       raise ConfigError('%s: bad palette: %s' % (source, e)) from None
+    for split, counted in (self.statistics or {}).items():
+      if counted.num_classes != self.num_classes:
+        raise ConfigError('%s: the statistics of split %r count %d classes '
+                          'for num_classes=%d' % (source, split,
+                                                  counted.num_classes,
+                                                  self.num_classes))
     return self
+
+  def split_statistics(self, split):
+    """The SplitStats of `split`, or None when it was not counted."""
+    return (self.statistics or {}).get(split)
+
+  def with_statistics(self, split, counted):
+    """A copy with `split` counted as `counted` (a SplitStats), its size in
+    splits_to_sizes set to the count of images."""
+    return dataclasses.replace(
+        self, splits_to_sizes=dict(self.splits_to_sizes,
+                                   **{split: counted.num_images}),
+        statistics=dict(self.statistics or {}, **{split: counted}))
 
   def display_palette(self):
     return 'pascal' if self.palette is None else self.palette
@@ -140,12 +174,16 @@ class DatasetInfo:
     palette = self.palette
     if palette is not None and not isinstance(palette, str):
       palette = [list(c) for c in palette]
-    return {'name': self.name, 'num_classes': self.num_classes,
-            'ignore_label': self.ignore_label,
-            'splits_to_sizes': dict(self.splits_to_sizes),
-            'class_names': (list(self.class_names)
-                            if self.class_names is not None else None),
-            'palette': palette}
+    d = {'name': self.name, 'num_classes': self.num_classes,
+         'ignore_label': self.ignore_label,
+         'splits_to_sizes': dict(self.splits_to_sizes),
+         'class_names': (list(self.class_names)
+                         if self.class_names is not None else None),
+         'palette': palette}
+    if self.statistics is not None:
+      d['statistics'] = {split: counted.to_dict()
+                         for split, counted in self.statistics.items()}
+    return d
 
   @classmethod
   def from_dict(cls, d, source='dataset info'):
@@ -168,10 +206,37 @@ class DatasetInfo:
     d.setdefault('name', 'custom')
     d.setdefault('splits_to_sizes', {})
     try:
+      d['statistics'] = _current_statistics(d, source)
       info = cls(**d)
     except (TypeError, ValueError) as e:
       raise ConfigError('%s: %s' % (source, e)) from None
     return info.validate(source)
+
+
+def _current_statistics(d, source):
+  """d['statistics'] without the splits counted for another class count (a
+  hand-edited num_classes): they are dropped with a warning, not refused,
+  since they only inform.
+
+  Raises:
+    ValueError / TypeError: malformed statistics.
+  """
+  statistics = d.get('statistics')
+  if statistics is None:
+    return None
+  if not isinstance(statistics, dict):
+    raise ValueError('statistics must be a JSON object of splits')
+  kept = {}
+  for split, counted in statistics.items():
+    counted = stats_lib.SplitStats.from_dict(counted)
+    if counted.num_classes != d['num_classes']:
+      _log.warning('%s: ignoring the statistics of split %r (%d classes, '
+                   'num_classes=%s): rebuild the split or run deeplab-stats '
+                   '--write_dataset_json', source, split, counted.num_classes,
+                   d['num_classes'])
+      continue
+    kept[split] = counted
+  return kept
 
 
 BUILTIN_DATASETS = {

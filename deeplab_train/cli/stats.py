@@ -1,0 +1,140 @@
+"""deeplab-stats: class statistics of a split's TFRecords.
+
+  deeplab-stats --dataset_dir=TFRECORDS [--dataset=NAME] [--split=train]
+
+Reads every record of the split (ours, or the original DeepLab converter's:
+same tf.Example keys), decodes each label as the trainer does, and prints
+the image count, the range of image sizes, the pixels of each class (count
+and share of the labelled pixels) and the share of ignore pixels, the same
+table deeplab-build-data prints and records in dataset.json. Warnings name
+a class missing from a training split (train*), a class under 0.1 % of the
+labelled pixels, ignore over 30 % of the pixels, and ids that are neither a
+class nor the ignore label (e.g. palette PNGs stored as-is).
+
+The classes come from --dataset_dir/dataset.json, else from the built-in
+dataset --dataset. With --write_dataset_json the split's statistics are also
+recorded there (the file is created from the built-in descriptor when
+absent), e.g. for deeplab-train --label_weights=auto on records converted
+by the original DeepLab.
+
+Exit status: 0 done, 2 bad input (one-line message on stderr), 1 anything
+else; the last line on stdout is a JSON result line.
+"""
+import dataclasses
+import logging
+from typing import Tuple
+
+from absl import flags
+
+from deeplab_train.cli import app
+from deeplab_train.cli import common_flags
+from deeplab_train.cli import flag_table
+from deeplab_train.config import ConfigError
+from deeplab_train.data import datasets
+from deeplab_train.data import pipeline
+from deeplab_train.data import stats
+
+FLAGS = flags.FLAGS
+COMMAND = 'deeplab-stats'
+
+_STATS_TABLE = (
+    ('string', 'split', 'train', 'The split to count.'),
+    ('boolean', 'write_dataset_json', False,
+     'Also record the split\'s statistics in --dataset_dir/dataset.json '
+     '(created from the built-in --dataset when absent), where '
+     'deeplab-train --label_weights=auto reads them.'),
+)
+flag_table.define(_STATS_TABLE)
+# --dataset and --dataset_dir are the other commands' (cli/common_flags.py);
+# --help lists them with this command's own.
+flags.declare_key_flag('dataset')
+flags.declare_key_flag('dataset_dir')
+
+
+@dataclasses.dataclass(frozen=True)
+class StatsJob:
+  """What to count: the split's files and the dataset they belong to."""
+  dataset_dir: str
+  split: str
+  files: Tuple[str, ...]
+  dataset_info: datasets.DatasetInfo
+  write_dataset_json: bool = False
+
+
+def options_from_flags():
+  """The flags -> a StatsJob.
+
+  Raises:
+    ConfigError: no --dataset_dir, no such folder or split, unknown dataset.
+  """
+  common_flags.require(FLAGS.dataset_dir, 'dataset_dir',
+                       ': the folder of the TFRecords')
+  files = pipeline.split_files(FLAGS.dataset_dir, FLAGS.split)
+  return StatsJob(dataset_dir=FLAGS.dataset_dir, split=FLAGS.split,
+                  files=tuple(files), dataset_info=_dataset_info(),
+                  write_dataset_json=FLAGS.write_dataset_json)
+
+
+def _dataset_info():
+  """dataset.json, else the built-in --dataset; without --dataset the
+  file's own name is taken (no warning that it differs from the default)."""
+  if not common_flags.explicitly_set('dataset'):
+    info = datasets.read_dataset_json(FLAGS.dataset_dir)
+    if info is not None:
+      return info
+  return datasets.load_dataset_info(FLAGS.dataset, FLAGS.dataset_dir)
+
+
+def count(job):
+  """The stats.SplitStats of the job's split.
+
+  Raises:
+    ConfigError: a damaged file or a record that cannot be decoded.
+  """
+  import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+  info = job.dataset_info
+  try:
+    return stats.count_records(job.files, info.num_classes,
+                               info.ignore_label, split=job.split)
+  except tf.errors.DataLossError as e:
+    raise ConfigError('%s', pipeline.data_error_message(e, job.files)
+                      ) from None
+
+
+def record(job, counted):
+  """Writes `counted` into the job's dataset.json; returns its path."""
+  info = job.dataset_info.with_statistics(job.split, counted)
+  return datasets.write_dataset_json(job.dataset_dir, info)
+
+
+def _stats():
+  job = options_from_flags()
+  info = job.dataset_info
+  counted = count(job)
+  print(stats.format_table(job.split, counted, info.class_names,
+                           info.ignore_label))
+  warnings = stats.split_warnings(job.split, counted, info.class_names,
+                                  info.ignore_label)
+  for warning in warnings:
+    logging.warning('%s', warning)
+  written = record(job, counted) if job.write_dataset_json else None
+  if written:
+    print('recorded the statistics of split %r in %s' % (job.split, written))
+  app.print_result(
+      'ok', dataset_dir=job.dataset_dir, split=job.split, dataset=info.name,
+      num_classes=info.num_classes, ignore_label=info.ignore_label,
+      statistics=counted.to_dict(), ignore_share=counted.ignore_share,
+      warnings=warnings, dataset_json=written)
+
+
+def main(argv):
+  logging.getLogger('deeplab_train').setLevel(logging.INFO)
+  return app.run_body(COMMAND, argv, _stats)
+
+
+def run():
+  app.start(COMMAND, main, __doc__, (__name__,))
+
+
+if __name__ == '__main__':
+  run()
