@@ -167,6 +167,18 @@ def test_split_flag_args_keeps_ours_only_flags_apart():
   assert names == ('mixed_precision',)
 
 
+def test_label_weights_scheme_goes_to_deeplab_train_only():
+  shared, ours_only, names = compare.split_flag_args([
+      ('label_weights', ('--label_weights=auto',)),
+      ('weight_decay', ('--weight_decay=0.0001',))])
+  assert shared == ('--weight_decay=0.0001',)
+  assert ours_only == ('--label_weights=auto',)
+  assert names == ('label_weights',)
+  shared, _, _ = compare.split_flag_args([
+      ('label_weights', ('--label_weights=1', '--label_weights=2.5'))])
+  assert shared == ('--label_weights=1', '--label_weights=2.5')
+
+
 def test_compare_options_name_the_bad_field(tmp_path):
   (tmp_path / 'train.sh').write_text('#!/bin/bash\n')
   with pytest.raises(config.ConfigError, match='steps must be >= 4'):

@@ -201,12 +201,28 @@ def split_flag_args(flag_args):
   for name, args in flag_args:
     if name in CONTROLLED_FLAG_NAMES:
       continue
-    if name in ORIGINAL_FLAG_NAMES:
+    if name in ORIGINAL_FLAG_NAMES and not _ours_only_value(name, args):
       shared.extend(args)
     else:
       ours_only.extend(args)
       names.append(name)
   return tuple(shared), tuple(ours_only), tuple(names)
+
+
+def _ours_only_value(name, args):
+  """True for a value only deeplab-train understands, e.g.
+  --label_weights=auto (the original takes numbers only)."""
+  if name != 'label_weights':
+    return False
+  return any(not _is_number(a.split('=', 1)[-1]) for a in args)
+
+
+def _is_number(text):
+  try:
+    float(text)
+  except ValueError:
+    return False
+  return True
 
 
 def _time_of_day(line):
