@@ -10,6 +10,7 @@ import eval_testing as et
 from deeplab_train import config
 from deeplab_train.cli import vis as vis_cli
 from deeplab_train.data import colormap
+from deeplab_train.evaluation import legend
 from deeplab_train.evaluation import predictor as predictor_lib
 from deeplab_train.evaluation import vis
 
@@ -136,3 +137,45 @@ def test_missing_image_dir_is_bad_input(tiny, tmp_path, capsys):
                               '--vis_logdir=%s/out' % tmp_path])
   assert code == 2
   assert 'is not a folder' in capsys.readouterr().err
+
+
+def test_legend_on_image_names_the_dataset_classes(tiny, tmp_path, capsys):
+  out = str(tmp_path / 'vis')
+  code = et.run_cli(vis_cli, ['--checkpoint_dir=' + tiny['train'],
+                              '--dataset_dir=' + tiny['data'],
+                              '--vis_logdir=' + out, '--vis_legend=on_image',
+                              '--also_save_raw_predictions',
+                              '--max_number_of_images=1'])
+  assert code == 0
+  name, image, _ = et.tiny_images()[0]
+  labels = _predict(tiny['checkpoint'], [image])[0]
+  colored = colormap.get_colormap('pascal')[labels]
+  # Class names from the dataset.json the converter wrote.
+  entries = legend.legend_entries(labels, ('bg', 'cat', 'dog'), 'pascal')
+  shown = et.read_png(os.path.join(out, vis.SEMANTIC_FOLDER,
+                                   name + '_prediction.png'))
+  np.testing.assert_array_equal(shown, legend.with_legend(colored, entries))
+  assert shown.shape[1] > image.shape[1]
+  raw = et.read_png(os.path.join(out, vis.RAW_FOLDER, name + '.png'))
+  np.testing.assert_array_equal(raw, labels)
+  assert not os.path.exists(os.path.join(out, vis.LEGEND_FILENAME))
+  capsys.readouterr()
+
+
+def test_legend_file_lists_every_class(tiny, tmp_path, capsys):
+  out = str(tmp_path / 'vis')
+  code = et.run_cli(vis_cli, ['--checkpoint_dir=' + tiny['train'],
+                              '--dataset_dir=' + tiny['data'],
+                              '--vis_logdir=' + out, '--vis_legend=file',
+                              '--max_number_of_images=1'])
+  assert code == 0
+  entries = legend.all_class_entries(et.NUM_CLASSES, ('bg', 'cat', 'dog'),
+                                     'pascal')
+  np.testing.assert_array_equal(
+      et.read_png(os.path.join(out, vis.LEGEND_FILENAME)),
+      np.asarray(legend.legend_image(entries)))
+  name, image, _ = et.tiny_images()[0]
+  shown = et.read_png(os.path.join(out, vis.SEMANTIC_FOLDER,
+                                   name + '_prediction.png'))
+  assert shown.shape == image.shape
+  capsys.readouterr()

@@ -3,11 +3,20 @@ r"""deeplab-vis: coloured prediction PNGs for a split or a folder of images.
     deeplab-vis --checkpoint_dir=TRAIN_LOGDIR --vis_logdir=OUT \\
         (--dataset_dir=TFRECORDS [--vis_split=val] | --image_dir=PHOTOS) \\
         [--also_save_raw_predictions] [--save_overlay] \\
-        [--colormap_type=pascal|cityscapes|ade20k] [--max_number_of_images=N]
+        [--colormap_type=pascal|cityscapes|ade20k] [--max_number_of_images=N] \\
+        [--vis_legend=none|on_image|file]
 
 Uses the latest checkpoint of --checkpoint_dir (or a checkpoint prefix) and
 the model options saved beside it. PNGs are named after the images and have
 the input image's size (see deeplab_train/evaluation/vis.py for the layout).
+
+--vis_legend names the colours: 'on_image' widens each prediction and overlay
+PNG by a strip listing the classes present (swatch, id, name, pixel share,
+largest first); 'file' writes VIS_LOGDIR/legend.png listing every class and
+leaves the per-image PNGs as they are; 'none' (default) draws no legend.
+Class names come from the dataset ('class N' when it names none); the raw
+class-id PNGs never get a legend.
+
 Prints one JSON line; exit codes: 0 ok, 2 bad input, 1 unexpected error.
 """
 import dataclasses
@@ -35,7 +44,8 @@ COMMAND = 'deeplab-vis'
 # Option fields whose flag is not named after the field.
 FLAG_NAMES = {'InferenceOptions.crop_size': 'vis_crop_size',
               'InferenceOptions.scales': 'eval_scales',
-              'VisOptions.colormap': 'colormap_type'}
+              'VisOptions.colormap': 'colormap_type',
+              'VisOptions.legend': 'vis_legend'}
 
 # deeplab-vis's own flags: output, images, crop and what is drawn.
 _VIS_TABLE = (
@@ -57,6 +67,11 @@ _VIS_TABLE = (
      'Also save image | prediction | blend side by side.'),
     ('float', 'overlay_alpha', 0.5,
      'Weight of the prediction colours in the overlay blend.'),
+    ('enum', 'vis_legend', 'none',
+     'none: no legend (the PNGs as before). on_image: a strip right of each '
+     'prediction and overlay PNG listing the classes present, largest pixel '
+     'share first. file: one legend.png of every class in --vis_logdir.',
+     {'enum_values': list(config.VisOptions.LEGEND_MODES)}),
     ('integer', 'max_number_of_images', 0,
      'Stop after this many images (<= 0: all).'),
     ('integer', 'max_number_of_iterations', 1,
@@ -142,7 +157,8 @@ def options_from_flags():
           also_save_raw_predictions=FLAGS.also_save_raw_predictions,
           save_overlay=FLAGS.save_overlay,
           max_number_of_images=FLAGS.max_number_of_images,
-          overlay_alpha=FLAGS.overlay_alpha).validate(),
+          overlay_alpha=FLAGS.overlay_alpha,
+          legend=FLAGS.vis_legend).validate(),
       image_dir=FLAGS.image_dir, dataset_dir=FLAGS.dataset_dir,
       split=FLAGS.vis_split)
 
@@ -169,7 +185,9 @@ def run_vis(job):
     predictor.restore(job.checkpoint)
     return vis.visualize(predictor, samples, job.vis_logdir, colormap,
                          job.vis_options, batch_size=job.batch_size,
-                         train_id_to_eval_id=eval_ids)
+                         train_id_to_eval_id=eval_ids,
+                         class_names=info.class_names,
+                         num_classes=job.model_options.num_classes)
 
 
 def _vis():

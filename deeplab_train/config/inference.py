@@ -1,9 +1,10 @@
 """How eval, vis and export run a trained network (owned by evaluation/ and
 export/)."""
 import dataclasses
-from typing import Optional, Tuple
+from typing import ClassVar, Optional, Tuple
 
 from deeplab_train.config.errors import check
+from deeplab_train.config.errors import check_one_of
 from deeplab_train.config.errors import is_crop
 from deeplab_train.config.serialize import JsonMixin
 from deeplab_train.config.serialize import set_field
@@ -98,17 +99,25 @@ class VisOptions(JsonMixin):
     save_overlay: also write image | prediction | blend side by side.
     max_number_of_images: stop after this many images; <= 0 means all.
     overlay_alpha: weight of the prediction colours in the blend.
+    legend: 'none' (the PNGs as they always were), 'on_image' (a strip
+      beside the colour prediction and the overlay naming the classes
+      present, largest share first) or 'file' (one legend.png of every
+      class; the per-image PNGs unchanged). Raw PNGs never get one.
   """
+  LEGEND_MODES: ClassVar[Tuple[str, ...]] = ('none', 'on_image', 'file')
+
   colormap: Optional[str] = None
   also_save_raw_predictions: bool = False
   save_overlay: bool = False
   max_number_of_images: int = 0
   overlay_alpha: float = 0.5
+  legend: str = 'none'
 
   def validate(self):
     """Raises ConfigError naming the offending field; returns self."""
     check(0.0 <= self.overlay_alpha <= 1.0, '{VisOptions.overlay_alpha} must '
           'be in [0, 1], got %g' % self.overlay_alpha)
+    check_one_of('{VisOptions.legend}', self.legend, self.LEGEND_MODES)
     return self
 
 

@@ -8,4 +8,5 @@
               flips) for any image size
   eval_loop   run-once and follow-a-logdir evaluation, tables, JSON, summaries
   vis         coloured prediction PNGs, raw label PNGs, overlays
+  legend      the colour legend of the classes (on the PNGs or legend.png)
 """

@@ -8,8 +8,13 @@ For each image (named after the image, at the input image's size):
                                             train ids mapped to eval ids)
   overlay_results/NAME_overlay.png          image | prediction | blend
                                             (optional)
+  legend.png                                every class: swatch, id, name
+                                            (legend 'file' only)
 
-Every file is written under a temp name and renamed.
+With legend 'on_image' the prediction and overlay PNGs get a strip on their
+right naming the classes present, largest pixel share first (legend.py);
+the image and raw PNGs never do. Every file is written under a temp name and
+renamed.
 """
 import io
 import logging
@@ -25,11 +30,13 @@ from deeplab_train.data import colormap as colormap_lib
 from deeplab_train.data import pil_images
 from deeplab_train.data import preprocess
 from deeplab_train.evaluation import eval_loop
+from deeplab_train.evaluation import legend as legend_lib
 from deeplab_train import atomic
 
 SEMANTIC_FOLDER = 'segmentation_results'
 RAW_FOLDER = 'raw_segmentation_results'
 OVERLAY_FOLDER = 'overlay_results'
+LEGEND_FILENAME = 'legend.png'
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 
 # Cityscapes is trained on 19 train ids; its evaluation server wants the
@@ -189,8 +196,9 @@ class _Resizer:
 
 
 def visualize(predictor, samples, vis_logdir, colormap, vis_options,
-              batch_size=1, train_id_to_eval_id=None):
-  """Predicts each sample and writes its PNGs.
+              batch_size=1, train_id_to_eval_id=None, class_names=None,
+              num_classes=None):
+  """Predicts each sample and writes its PNGs (and legend.png, first).
 
   Args:
     predictor: a restored Predictor.
@@ -201,11 +209,19 @@ def visualize(predictor, samples, vis_logdir, colormap, vis_options,
     vis_options: VisOptions.
     batch_size: images per session run.
     train_id_to_eval_id: optional id mapping for the raw PNGs.
+    class_names: one name per class id for the legend, or None ('class N').
+    num_classes: the classes legend.png lists (legend 'file'); None: one
+      per class name.
 
   Returns:
     The number of images written.
+
+  Raises:
+    ValueError: legend 'file' with neither num_classes nor class_names.
   """
   vis_options.validate()
+  if vis_options.legend == 'file':
+    write_legend_file(vis_logdir, colormap, class_names, num_classes)
   unique = _UniqueStems()
   limit = vis_options.max_number_of_images
   count = 0
@@ -216,7 +232,7 @@ def visualize(predictor, samples, vis_logdir, colormap, vis_options,
                                names=[s['name'] for s in batch])
     for sample, prediction in zip(batch, labels):
       _write_one(sample, prediction, unique(sample['name']), vis_logdir,
-                 colormap, vis_options, train_id_to_eval_id)
+                 colormap, vis_options, train_id_to_eval_id, class_names)
     count += len(batch)
     _log.info('visualised %d images', count)
     if 0 < limit <= count:
@@ -224,16 +240,45 @@ def visualize(predictor, samples, vis_logdir, colormap, vis_options,
   return count
 
 
+def write_legend_file(vis_logdir, colormap, class_names, num_classes=None):
+  """Writes vis_logdir/legend.png: every class's swatch, id and name.
+
+  Args:
+    vis_logdir: output folder.
+    colormap: colormap name or array [N, 3].
+    class_names: one name per class id, or None ('class N').
+    num_classes: how many classes to list; None: len(class_names).
+
+  Returns:
+    The path written.
+
+  Raises:
+    ValueError: neither num_classes nor class_names.
+  """
+  if num_classes is None:
+    if class_names is None:
+      raise ValueError('legend.png needs num_classes or class_names')
+    num_classes = len(class_names)
+  entries = legend_lib.all_class_entries(num_classes, class_names, colormap)
+  path = os.path.join(vis_logdir, LEGEND_FILENAME)
+  save_png(path, np.asarray(legend_lib.legend_image(entries)))
+  return path
+
+
 def _write_one(sample, prediction, stem, vis_logdir, colormap, vis_options,
-               train_id_to_eval_id):
+               train_id_to_eval_id, class_names=None):
   height, width = sample['height'], sample['width']
   # Back to the input's size when the input was resized for the network.
   prediction = resize_nearest(prediction, height, width)
   image = resize_image(sample['original_image'], height, width)
   colored = colormap_lib.label_to_color_image(prediction, colormap)
+  decorate = lambda array: array
+  if vis_options.legend == 'on_image':
+    entries = legend_lib.legend_entries(prediction, class_names, colormap)
+    decorate = lambda array: legend_lib.with_legend(array, entries)
   semantic = os.path.join(vis_logdir, SEMANTIC_FOLDER)
   save_png(os.path.join(semantic, stem + '_image.png'), image)
-  save_png(os.path.join(semantic, stem + '_prediction.png'), colored)
+  save_png(os.path.join(semantic, stem + '_prediction.png'), decorate(colored))
   if vis_options.also_save_raw_predictions:
     raw = prediction
     if train_id_to_eval_id is not None:
@@ -242,4 +287,4 @@ def _write_one(sample, prediction, stem, vis_logdir, colormap, vis_options,
              labels_as_png_array(raw))
   if vis_options.save_overlay:
     save_png(os.path.join(vis_logdir, OVERLAY_FOLDER, stem + '_overlay.png'),
-             overlay(image, colored, vis_options.overlay_alpha))
+             decorate(overlay(image, colored, vis_options.overlay_alpha)))
