@@ -20,10 +20,37 @@ written to --result_json):
     {"event": "result", "status": ..., "stop_reason": ..., "global_step": ...,
      "loss": ..., "checkpoint": ..., "seconds": ..., "message": ...}
 
+stop_reason: finished, num_steps_more, time_budget, signal:SIGTERM /
+signal:SIGINT, early_stopping, nothing_to_do, input_exhausted,
+chief_stopped (a cluster worker), bad_input, non_finite_loss,
+checkpoint_not_saved, locked, error.
+
+Validation during training (single machine only; refused on a cluster):
+
+    deeplab-train ... --eval_interval_steps=500 [--eval_split=val] \\
+        [--best_metric=miou|iou/CLASS] [--early_stopping_patience=5 \\
+         --early_stopping_min_delta=0.001]
+
+every 500 steps (and at the end of a run that does not stop on a signal or
+the time budget) a checkpoint is saved and scored on --eval_split as
+deeplab-eval scores it by default (single scale, no flips). The mIoU is
+logged and written to TensorBoard (eval/miou, eval/iou/CLASS) and, with the
+per-class IoU, as one line {"step", "miou", "per_class_iou", "seconds"} of
+TRAIN_LOGDIR/metrics_history.jsonl. The best checkpoint by --best_metric
+is copied with deeplab_config.json to TRAIN_LOGDIR/best/ (best/best.json
+names its step and value; deeplab-eval, -vis and -export take best/ as a
+checkpoint directory). With --early_stopping_patience=K the run stops
+(exit 0, stop_reason early_stopping, final checkpoint written) after K
+evaluations in a row without an improvement of more than
+--early_stopping_min_delta. The history, the best and the count survive a
+restart, also after kill -9; a logdir whose history already used up the
+patience is not trained again (stop_reason early_stopping).
+
 Exit codes:
   0   finished (training_number_of_steps or --num_steps_more reached), time
       budget used up, stopped by SIGTERM/SIGINT (final checkpoint written),
-      or nothing to do (the logdir is already at training_number_of_steps)
+      early stopping, or nothing to do (the logdir is already at
+      training_number_of_steps)
   1   unexpected error
   2   bad flags or input (one-line message; no traceback)
   3   non-finite loss (no checkpoint of the broken step is written)
@@ -75,6 +102,7 @@ from deeplab_train.runtime import cluster_spec
 from deeplab_train.runtime import hooks as hooks_lib
 from deeplab_train.runtime import result as result_lib
 from deeplab_train.runtime import run as run_lib
+from deeplab_train.runtime import validation
 from deeplab_train.train import inputs
 
 FLAGS = flags.FLAGS
@@ -135,7 +163,30 @@ _RUN_TABLE = (
     ('string', 'result_json', None,
      'Also write the final JSON result line to this file.'),
 )
-flag_table.define(_CLUSTER_TABLE, _RUN_TABLE)
+
+# Validation during training (runtime/validation.py).
+_VALIDATION_TABLE = (
+    ('integer', 'eval_interval_steps', None,
+     'Evaluate the weights on --eval_split every this many steps (and at '
+     'the end), keep the best checkpoint in TRAIN_LOGDIR/best and log the '
+     'metrics to TRAIN_LOGDIR/metrics_history.jsonl (unset: no validation).'),
+    # deeplab-eval's flag too: the same default, and either may define it
+    # first when both commands are imported in one process.
+    ('string', 'eval_split', 'val',
+     'Which split of the dataset is used for evaluation (with '
+     '--eval_interval_steps).', {'allow_override': True}),
+    ('string', 'best_metric', 'miou',
+     'What the best checkpoint is chosen by: miou, or iou/CLASS (a class '
+     'name or id).'),
+    ('integer', 'early_stopping_patience', 0,
+     'Stop (exit 0, stop_reason early_stopping, final checkpoint) after this '
+     'many evaluations in a row without an improvement of --best_metric by '
+     'more than --early_stopping_min_delta (0: never).'),
+    ('float', 'early_stopping_min_delta', 0.0,
+     'The smallest change of --best_metric that counts as an improvement '
+     'for early stopping.'),
+)
+flag_table.define(_CLUSTER_TABLE, _RUN_TABLE, _VALIDATION_TABLE)
 
 # RunOptions and ClusterOptions fields are set by the flag of the same name.
 _RUN_FIELDS = tuple(f.name for f in dataclasses.fields(config.RunOptions))
@@ -169,9 +220,13 @@ class TrainJob:
 
 
 def run_options():
-  """RunOptions from the flags, validated."""
-  return config.RunOptions(
-      **{name: FLAGS[name].value for name in _RUN_FIELDS}).validate()
+  """RunOptions from the flags, validated; --eval_split counts only when
+  given or when --eval_interval_steps is (its default is deeplab-eval's)."""
+  values = {name: FLAGS[name].value for name in _RUN_FIELDS}
+  if not (common_flags.explicitly_set('eval_split')
+          or FLAGS.eval_interval_steps is not None):
+    values['eval_split'] = None
+  return config.RunOptions(**values).validate()
 
 
 def cluster_options():
@@ -224,6 +279,9 @@ def options_from_flags():
     logging.warning('%s', app.user_message(warning, FLAG_NAMES))
   # Fails now, with the folder named, rather than inside the graph.
   pipeline.split_files(FLAGS.dataset_dir, FLAGS.train_split)
+  if runs.validates:
+    pipeline.split_files(FLAGS.dataset_dir, runs.eval_split)
+    validation.metric_key(runs.best_metric, info)
   return TrainJob(model_options=model_options, train_options=train,
                   run_options=runs, preprocess_options=preprocess,
                   dataset_info=info, dataset_dir=FLAGS.dataset_dir,
@@ -261,6 +319,8 @@ def run_job(job, start_time, process_signals=None, result_json=None):
       preprocess_options=job.preprocess_options,
       dataset=job.dataset_info.to_dict(), start_time=start_time,
       cluster=job.cluster, master=job.master,
+      eval_data=(validation.EvalData(job.dataset_dir, job.dataset_info)
+                 if job.run_options.validates else None),
       handle_signals=process_signals is None,
       started=(None if process_signals is None else
                functools.partial(_forward_signals, process_signals,

@@ -1,12 +1,17 @@
 """How a training run is driven and where it runs (owned by runtime/)."""
 import dataclasses
+import re
 from typing import Optional, Tuple
 
 from deeplab_train.config.errors import check
+from deeplab_train.config.errors import ConfigError
 from deeplab_train.config.errors import field_ref
 from deeplab_train.config.serialize import JsonMixin
 from deeplab_train.config.serialize import set_field
 from deeplab_train.config.serialize import tuple_or_none
+
+# RunOptions.best_metric: the mIoU, or one class's IoU by name or id.
+_BEST_METRIC = re.compile(r'^(miou|iou/.+)$')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +31,14 @@ class RunOptions(JsonMixin):
       checkpoint holds (never past training_number_of_steps).
     profile_logdir: write Chrome traces of a step every PROFILE_STEPS there.
     result_json: also write the result as JSON to this file.
+    eval_split / eval_interval_steps: score the weights on this split
+      every this many steps (None: no validation during training; see
+      runtime/validation.py); both are set, or neither.
+    best_metric: what the best checkpoint (copied to train_logdir/best) is
+      chosen by: 'miou', or 'iou/' + a class name or id.
+    early_stopping_patience: stop after this many evaluations in a row
+      without an improvement of more than early_stopping_min_delta of
+      best_metric (0: never).
   """
   train_logdir: str
   log_steps: int = 10
@@ -37,6 +50,16 @@ class RunOptions(JsonMixin):
   num_steps_more: Optional[int] = None
   profile_logdir: Optional[str] = None
   result_json: Optional[str] = None
+  eval_split: Optional[str] = None
+  eval_interval_steps: Optional[int] = None
+  best_metric: str = 'miou'
+  early_stopping_patience: int = 0
+  early_stopping_min_delta: float = 0.0
+
+  @property
+  def validates(self):
+    """Whether the run scores its weights as it trains."""
+    return self.eval_interval_steps is not None
 
   def validate(self):
     """Raises ConfigError naming the offending field; returns self."""
@@ -53,7 +76,33 @@ class RunOptions(JsonMixin):
           '{RunOptions.max_run_seconds} must be > 0')
     check(self.num_steps_more is None or self.num_steps_more >= 1,
           '{RunOptions.num_steps_more} must be >= 1')
+    self._validate_validation()
     return self
+
+  def _validate_validation(self):
+    check(self.eval_interval_steps is None or self.eval_interval_steps >= 1,
+          '{RunOptions.eval_interval_steps} must be >= 1, got %s'
+          % self.eval_interval_steps)
+    check(self.eval_split is None or self.validates,
+          '{RunOptions.eval_split} needs {RunOptions.eval_interval_steps}: '
+          'the number of steps between two evaluations')
+    check(not self.validates or self.eval_split,
+          '{RunOptions.eval_interval_steps} needs {RunOptions.eval_split}: '
+          'the split to evaluate on')
+    if not _BEST_METRIC.match(self.best_metric or ''):
+      # The value is the user's: a template value, never a reference.
+      raise ConfigError('{RunOptions.best_metric} must be miou or iou/CLASS '
+                        '(a class name or id), got %r', self.best_metric)
+    check(self.early_stopping_patience >= 0,
+          '{RunOptions.early_stopping_patience} must be >= 0 (0: off)')
+    check(self.early_stopping_min_delta >= 0,
+          '{RunOptions.early_stopping_min_delta} must be >= 0')
+    for name, default in (('best_metric', 'miou'),
+                          ('early_stopping_patience', 0),
+                          ('early_stopping_min_delta', 0.0)):
+      check(self.validates or getattr(self, name) == default,
+            '%s needs {RunOptions.eval_interval_steps}: it acts on the '
+            'evaluations during training' % field_ref(self, name))
 
 
 @dataclasses.dataclass(frozen=True)

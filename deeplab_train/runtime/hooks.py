@@ -196,6 +196,13 @@ class CheckpointHook(tf.train.SessionRunHook):
     if step != self._last_step:
       self._save(session, step)
 
+  def save_now(self, session, step):
+    """The checkpoint of `step`: the last one written when it is of that
+    step, else a new one (for hooks after this one, e.g. validation)."""
+    if step != self._last_step:
+      self._save(session, step)
+    return self.last_checkpoint
+
   def _save(self, session, step):
     path = '%s-%d' % (self._prefix, step)
     try:

@@ -11,6 +11,12 @@ the starting weights, write the checkpoints, summaries and
 deeplab_config.json and hold the logdir lock; another worker locks only its
 own task (`.deeplab-train.worker-<i>.lock`), waits for the chief (its
 JoinHook), and reports no checkpoint.
+
+With `RunOptions.eval_interval_steps` the local run also scores its
+weights on a split every N steps, keeps the best checkpoint in
+train_logdir/best and may stop early (validation.py); a run whose
+metrics history already used up the early-stopping patience does not
+train again. Not on a cluster yet.
 """
 import dataclasses
 import enum
@@ -30,6 +36,7 @@ from deeplab_train.runtime import cluster as cluster_lib
 from deeplab_train.runtime import hooks as hooks_lib
 from deeplab_train.runtime import lock as lock_lib
 from deeplab_train.runtime import session_config as session_lib
+from deeplab_train.runtime import validation as validation_lib
 from deeplab_train.runtime.result import RunResult
 from deeplab_train.train import checkpoint_init
 from deeplab_train.train import graph as graph_lib
@@ -87,6 +94,7 @@ class RunSpec:
   last_layer_scopes: Any = None
   session_config: Any = None
   device_pattern: Optional[str] = None
+  eval_data: Any = None
 
 
 @dataclasses.dataclass
@@ -96,13 +104,14 @@ class _Hooks:
   progress: hooks_lib.ProgressHook
   checkpoints: Optional[hooks_lib.CheckpointHook]  # None for a worker
   join: Optional[Any]  # a worker's cluster.JoinHook, else None
+  validation: Optional[validation_lib.ValidationHook] = None
 
 
 def train(model_options, train_options, run_options, *, ignore_label,
           input_fn, preprocess_options=None, dataset=None, model_fn=None,
           last_layer_scopes=None, session_config=None, device_pattern=None,
           handle_signals=True, master='', start_time=None, cluster=None,
-          started=None):
+          started=None, eval_data=None):
   """Runs (or resumes) training in `run_options.train_logdir`.
 
   Args:
@@ -124,13 +133,16 @@ def train(model_options, train_options, run_options, *, ignore_label,
       a single-machine run; its server is started here and is the master.
     started: optional fn(TrainingRun) called before the run starts, e.g.
       to forward signals to its `stop` and to report `stopped_now`.
+    eval_data: validation.EvalData of run_options.eval_split (required
+      when run_options.eval_interval_steps is set).
 
   Returns:
     A RunResult.
   """
   spec = RunSpec(model_options, train_options, run_options, ignore_label,
                  input_fn, preprocess_options, dataset, model_fn,
-                 last_layer_scopes, session_config, device_pattern)
+                 last_layer_scopes, session_config, device_pattern,
+                 eval_data)
   run = TrainingRun(spec, cluster, master, start_time)
   if started is not None:
     started(run)
@@ -155,6 +167,8 @@ class TrainingRun:
     # What `stopped_now` reports, kept up to date as the run goes on.
     self._start_step = None
     self._hooks_now = None
+    # The validation history and best read back (validating runs only).
+    self._validation = None
 
   def elapsed(self):
     return time.time() - self.start
@@ -224,6 +238,11 @@ class TrainingRun:
       logging.info('%s', detail)
       return self._result('ok', 'nothing_to_do', global_step=start_step,
                           checkpoint=latest, detail=detail)
+    if self.role.decides_weights and spec.run_options.validates:
+      self._validation = self._validation_state()
+      if self._validation.patience_used_up(
+          spec.run_options.early_stopping_patience):
+        return self._patience_used_up(start_step, latest)
     last_step = target
     if spec.run_options.num_steps_more:
       last_step = min(target, start_step + spec.run_options.num_steps_more)
@@ -251,6 +270,36 @@ class TrainingRun:
       return self._stopped_before_training(start_step, latest)
     return self._session_loop(g, last_step, target, start_step)
 
+  def _validation_state(self):
+    """The ValidationState read back from the logdir."""
+    run_options = self.spec.run_options
+    if self.spec.eval_data is None:
+      raise config.ConfigError(
+          '{RunOptions.eval_interval_steps} needs the dataset to evaluate '
+          'on: pass eval_data to train()')
+    key = validation_lib.metric_key(run_options.best_metric,
+                                    self.spec.eval_data.dataset_info)
+    return validation_lib.load_state(
+        run_options.train_logdir, run_options.best_metric, key,
+        run_options.early_stopping_min_delta)
+
+  def _patience_used_up(self, start_step, latest):
+    """The history already ends with `patience` evaluations without
+    improvement: the run stopped early before and does not train again."""
+    run_options = self.spec.run_options
+    detail = errors.Message(
+        'nothing to do: the last %d evaluations in %s did not improve %s by '
+        'more than %g ({RunOptions.early_stopping_patience}=%d); raise '
+        '{RunOptions.early_stopping_patience} to train on',
+        self._validation.without_improvement,
+        validation_lib.history_path(run_options.train_logdir),
+        run_options.best_metric, run_options.early_stopping_min_delta,
+        run_options.early_stopping_patience)
+    logging.info('%s', detail)
+    return self._result('ok', validation_lib.EARLY_STOPPING,
+                        global_step=start_step, checkpoint=latest,
+                        detail=detail)
+
   def _stopped_before_training(self, start_step, latest):
     """Signalled before the session started: nothing trained or saved."""
     return self._result('ok', self.stop.reason, global_step=start_step,
@@ -265,7 +314,7 @@ class TrainingRun:
         {'loss': g.total_loss, 'learning_rate': g.learning_rate,
          'step': g.step_after}, g.batch_size, last_step,
         run_options.log_steps)
-    join = checkpoints = None
+    join = checkpoints = validation = None
     hook_list = []
     if self.role is Role.WORKER:
       join = cluster_lib.JoinHook(g.global_step, last_step,
@@ -283,11 +332,28 @@ class TrainingRun:
           g.saver, run_options.train_logdir, g.global_step, g.step_after,
           save_secs=run_options.save_interval_secs,
           save_steps=run_options.save_interval_steps)
-      hook_list += [checkpoints] + self._chief_output_hooks(g)
+      hook_list.append(checkpoints)
+      if self._validation is not None:
+        validation = self._validation_hook(g, checkpoints, last_step)
+        hook_list.append(validation)
+      hook_list += self._chief_output_hooks(g)
     if self.cluster is not None:
       hook_list += cluster_lib.optimizer_hooks(g.optimizer, self.cluster,
                                                g.global_step, last_step)
-    return _Hooks(hook_list, progress, checkpoints, join)
+    return _Hooks(hook_list, progress, checkpoints, join, validation)
+
+  def _validation_hook(self, g, checkpoints, last_step):
+    """Scores what `checkpoints` saves (so it comes after it)."""
+    spec = self.spec
+    run_options = spec.run_options
+    evaluator = validation_lib.Evaluator(
+        spec.eval_data, run_options.eval_split, spec.model_options,
+        spec.preprocess_options)
+    return validation_lib.ValidationHook(
+        run_options, evaluator, checkpoints.save_now, self._validation,
+        validation_lib.metric_key(run_options.best_metric,
+                                  spec.eval_data.dataset_info),
+        g.global_step, g.step_after, last_step, self.stop)
 
   def _chief_output_hooks(self, g):
     """Summaries and profiles: written by the one who writes checkpoints."""
@@ -356,6 +422,8 @@ class TrainingRun:
                           checkpoint=tf.train.latest_checkpoint(logdir),
                           message=message)
     finally:
+      if hooks.validation is not None:
+        hooks.validation.close()
       # Flushes and closes the summary writers (also after an error).
       tf.summary.FileWriterCache.clear()
     return self._end(hooks, last_step, target, start_step)
@@ -384,6 +452,8 @@ class TrainingRun:
                    'training split empty?' % (step, last_step)))
     where = ('checkpoint %s' % checkpoint if self.role.decides_weights
              else 'the chief writes the checkpoints')
+    if hooks.validation is not None:
+      where += '; %s' % hooks.validation.summary()
     return self._result('ok', reason, global_step=step, loss=progress.loss,
                         checkpoint=checkpoint,
                         message='stopped at step %d (%s); %s'
@@ -405,6 +475,11 @@ class TrainingRun:
 
 
 def _check_cluster_run(run_options):
+  if run_options.validates:
+    raise config.ConfigError(
+        '{RunOptions.eval_interval_steps} (validation during training) is '
+        'not supported on a cluster yet: run deeplab-eval beside the '
+        'cluster on the chief\'s train_logdir instead')
   if run_options.num_steps_more:
     raise config.ConfigError(
         '{RunOptions.num_steps_more} is not supported on a cluster (every '

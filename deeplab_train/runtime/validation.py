@@ -1,0 +1,483 @@
+"""Validation during training: score the latest weights every N steps,
+keep the best checkpoint, stop early.
+
+`ValidationHook` runs in the local (or chief) training process. Every
+`RunOptions.eval_interval_steps` steps it has the run's CheckpointHook save
+the step, then scores that checkpoint on `RunOptions.eval_split` as
+deeplab-eval does by default (eval preprocessing, each image padded to its
+fitting size, single scale, no flips) with one Predictor (a separate
+inference graph) reused for every evaluation. The last step is scored too
+when the run ends off that rhythm; no evaluation starts once a signal or
+the time budget asked the run to stop (they ask for a quick stop). Each
+evaluation:
+
+  - logs the mIoU and writes `eval/miou` and `eval/iou/<class>` summaries
+    to the train logdir;
+  - keeps the best checkpoint: when the metric (`RunOptions.best_metric`:
+    'miou' or 'iou/<class name or id>') beats the best so far, the
+    checkpoint's index and data files, deeplab_config.json, a `checkpoint`
+    state file naming it (a relative path) and best.json (step, metric,
+    value and the evaluation's record) are copied to a temp folder renamed
+    to `<logdir>/best/`, which deeplab-eval, -vis and -export take as a
+    checkpoint directory;
+  - appends {"step", "miou", "per_class_iou", "seconds" (of the
+    evaluation)} to `<logdir>/metrics_history.jsonl`, rewritten under a
+    temp name then renamed;
+  - counts the evaluations in a row that did not beat the early-stopping
+    best by more than `RunOptions.early_stopping_min_delta`, and stops the
+    run (stop reason 'early_stopping', final checkpoint written) once they
+    reach `RunOptions.early_stopping_patience` (0: never).
+
+best/ is written before the history, and best.json holds the evaluation's
+record, so a run killed between the two gets the record back on resume.
+A restarted run reads both back: the best value from best.json (when it is
+of the same metric), the early-stopping count from the history. A run
+whose history already shows `patience` evaluations without improvement
+does not train again (see `ValidationState.patience_used_up`).
+"""
+import dataclasses
+import glob
+import json
+import math
+import os
+import shutil
+from typing import Any, List, Optional
+
+from absl import logging
+import tensorflow.compat.v1 as tf
+
+from deeplab_train import atomic
+from deeplab_train import config
+from deeplab_train.evaluation import confusion as confusion_lib
+from deeplab_train.evaluation import eval_loop
+from deeplab_train.evaluation import predictor as predictor_lib
+from deeplab_train.model import registry
+from deeplab_train.runtime import hooks as hooks_lib
+
+HISTORY_FILENAME = 'metrics_history.jsonl'
+BEST_DIRNAME = 'best'
+BEST_JSON = 'best.json'
+# The run's stop reason when the metric stopped improving.
+EARLY_STOPPING = 'early_stopping'
+MIOU = 'miou'
+IOU_PREFIX = 'iou/'
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalData:
+  """Where the split scored during training is read from.
+
+  Attributes:
+    dataset_dir: folder of the TFRecords.
+    dataset_info: datasets.DatasetInfo (classes, ignore label, names).
+  """
+  dataset_dir: str
+  dataset_info: Any
+
+
+def metric_key(best_metric, dataset_info):
+  """The history key `best_metric` reads: None for the mIoU, else the
+  class's name in `per_class_iou`.
+
+  Args:
+    best_metric: 'miou', or 'iou/' + a class name or id.
+    dataset_info: DatasetInfo of the dataset (class names and count).
+
+  Raises:
+    ConfigError: an unknown class.
+  """
+  if best_metric == MIOU:
+    return None
+  wanted = best_metric[len(IOU_PREFIX):]
+  names = confusion_lib.class_labels(dataset_info.num_classes,
+                                     dataset_info.class_names)
+  if wanted in names:
+    return wanted
+  if wanted.isdigit() and int(wanted) < len(names):
+    return names[int(wanted)]
+  raise config.ConfigError(
+      '{RunOptions.best_metric}=%s names no class of dataset %s: use miou, '
+      'or iou/ and one of %s (or a class id below %d)', best_metric,
+      dataset_info.name, ', '.join(names), len(names))
+
+
+def metric_value(record, key):
+  """The metric of a history record (None when undefined)."""
+  value = record.get(MIOU) if key is None else (
+      record.get('per_class_iou') or {}).get(key)
+  if value is None or not math.isfinite(value):
+    return None
+  return float(value)
+
+
+def improves(value, best, min_delta=0.0):
+  """Whether `value` beats `best` (None: no value yet) by more than
+  min_delta; an undefined value never does."""
+  return value is not None and (best is None or value > best + min_delta)
+
+
+def history_path(logdir):
+  return os.path.join(logdir, HISTORY_FILENAME)
+
+
+def best_dir(logdir):
+  return os.path.join(logdir, BEST_DIRNAME)
+
+
+def read_history(logdir):
+  """The records of `<logdir>/metrics_history.jsonl`, oldest first ([]
+  without the file); lines that are not records are skipped, loudly."""
+  path = history_path(logdir)
+  if not os.path.isfile(path):
+    return []
+  records = []
+  with open(path) as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+        int(record['step'])
+      except (ValueError, KeyError, TypeError):
+        logging.warning('%s:%d is not a metrics record; ignored', path,
+                        number)
+        continue
+      records.append(record)
+  return records
+
+
+def write_history(logdir, records):
+  """Rewrites the history file under a temp name, then renames it."""
+  text = ''.join(json.dumps(r, sort_keys=True) + '\n' for r in records)
+  atomic.write_bytes(history_path(logdir), text.encode('utf-8'))
+
+
+def read_best(logdir):
+  """best/best.json as a dict, or None."""
+  path = os.path.join(best_dir(logdir), BEST_JSON)
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    logging.warning('cannot read %s (%s): the next evaluation replaces the '
+                    'best checkpoint', path, e)
+    return None
+
+
+def _checkpoint_files(prefix):
+  """The index and data files of a checkpoint prefix."""
+  pattern = glob.escape(prefix)
+  return glob.glob(pattern + '.index') + glob.glob(pattern + '.data-*')
+
+
+def _state_file_text(name):
+  return ('model_checkpoint_path: "%s"\nall_model_checkpoint_paths: "%s"\n'
+          % (name, name))
+
+
+def save_best(logdir, checkpoint, best):
+  """Copies `checkpoint` (a prefix in logdir) with the run config to
+  `<logdir>/best/`: into a temp folder, renamed into place.
+
+  Args:
+    logdir: the train logdir.
+    checkpoint: the checkpoint prefix.
+    best: the best.json payload.
+
+  Returns:
+    The best/ folder.
+  """
+  target = best_dir(logdir)
+  tmp = atomic.temp_dir_for(target)
+  os.makedirs(tmp)
+  for path in _checkpoint_files(checkpoint):
+    shutil.copy2(path, tmp)
+  run_config = os.path.join(logdir, config.RUN_CONFIG_FILENAME)
+  if os.path.isfile(run_config):
+    shutil.copy2(run_config, tmp)
+  name = os.path.basename(checkpoint)
+  with open(os.path.join(tmp, 'checkpoint'), 'w') as f:
+    f.write(_state_file_text(name))
+  with open(os.path.join(tmp, BEST_JSON), 'w') as f:
+    json.dump(best, f, indent=1, sort_keys=True)
+    f.write('\n')
+  return atomic.replace_dir(tmp, target)
+
+
+def recover_best_dir(logdir):
+  """Finishes or undoes a best/ swap a killed run left, and removes its
+  other temp files (call with the logdir lock held).
+
+  atomic.replace_dir renames best/ to `<temp>.old`, then the finished temp
+  folder to best/: killed in between, the temp folder is complete and is
+  renamed into place. Anything else with a temp name is partial.
+  """
+  target = best_dir(logdir)
+  tmp_prefix = os.path.basename(atomic.temp_name(target)).rsplit('-', 1)[0]
+  history_tmp = os.path.basename(
+      atomic.temp_name(history_path(logdir))).rsplit('-', 1)[0]
+  if not os.path.lexists(target):
+    for entry in sorted(os.listdir(logdir)):
+      if entry.startswith(tmp_prefix + '-') and entry.endswith('.old'):
+        finished = os.path.join(logdir, entry[:-len('.old')])
+        source = (finished if os.path.isdir(finished)
+                  else os.path.join(logdir, entry))
+        os.rename(source, target)
+        logging.warning('restored %s from %s (a run was killed while '
+                        'replacing it)', target, source)
+        break
+  for entry in os.listdir(logdir):
+    if entry.startswith(tmp_prefix + '-') or entry.startswith(
+        history_tmp + '-'):
+      path = os.path.join(logdir, entry)
+      if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+      else:
+        os.remove(path)
+
+
+@dataclasses.dataclass
+class ValidationState:
+  """The history, the best checkpoint and the early-stopping count.
+
+  Attributes:
+    records: history records, oldest first.
+    best: best.json's payload (None: no best checkpoint yet).
+    stopping_best: the best metric value by early stopping's rule (an
+      improvement of more than min_delta), from the history.
+    without_improvement: evaluations in a row since that best.
+  """
+  records: List[dict]
+  best: Optional[dict]
+  stopping_best: Optional[float] = None
+  without_improvement: int = 0
+
+  @property
+  def best_value(self):
+    return None if self.best is None else self.best.get('value')
+
+  def add(self, record, key, min_delta):
+    """Counts a new evaluation (the history and early-stopping count)."""
+    self.records.append(record)
+    value = metric_value(record, key)
+    if improves(value, self.stopping_best, min_delta):
+      self.stopping_best = value
+      self.without_improvement = 0
+    else:
+      self.without_improvement += 1
+
+  def patience_used_up(self, patience):
+    return bool(patience) and self.without_improvement >= patience
+
+
+def load_state(logdir, best_metric, key, min_delta):
+  """The ValidationState of a (resumed) logdir.
+
+  A best.json of another metric is not compared with (the next evaluation
+  replaces best/); its record is put back into a history that lacks it
+  (a run killed between writing best/ and the history).
+
+  Args:
+    logdir: the train logdir (the lock held).
+    best_metric: RunOptions.best_metric.
+    key: metric_key of it.
+    min_delta: RunOptions.early_stopping_min_delta.
+  """
+  recover_best_dir(logdir)
+  records = read_history(logdir)
+  best = read_best(logdir)
+  if best is not None:
+    record = best.get('record')
+    steps = {int(r['step']) for r in records}
+    if record and int(record.get('step', -1)) not in steps:
+      records = sorted(records + [record], key=lambda r: int(r['step']))
+      write_history(logdir, records)
+      logging.warning('%s lacked the evaluation of step %s; restored from '
+                      '%s', history_path(logdir), record['step'], BEST_JSON)
+    if best.get('metric') != best_metric:
+      logging.warning('best/ holds the best checkpoint by %s; this run '
+                      'keeps the best by %s, so its next evaluation '
+                      'replaces it', best.get('metric'), best_metric)
+      best = None
+  state = ValidationState([], best)
+  for record in records:
+    state.add(record, key, min_delta)
+  return state
+
+
+class Evaluator:
+  """Scores checkpoints on a split, as deeplab-eval's defaults do.
+
+  The Predictor (an inference graph and its session) is built at the first
+  call and reused; `close()` releases it.
+
+  Args:
+    eval_data: EvalData.
+    split: the split to score.
+    model_options: ModelOptions of the network (its crop is not used).
+    preprocess_options: the training PreprocessOptions (its resize values
+      are used), or None.
+    session_config: optional tf.ConfigProto of the inference session.
+  """
+
+  def __init__(self, eval_data, split, model_options, preprocess_options=None,
+               session_config=None):
+    self._data = eval_data
+    resize = {name: getattr(preprocess_options, name)
+              for name in config.RESIZE_FIELDS} if preprocess_options else {}
+    self._preprocess = config.PreprocessOptions(crop_size=None, **resize)
+    self._model_options = model_options
+    self._inference = config.InferenceOptions()
+    self._eval_options = config.EvalOptions(split=split)
+    self._session_config = session_config
+    self._predictor = None
+
+  def _samples(self):
+    return eval_loop.iterate_split(
+        self._data.dataset_dir, self._eval_options.split,
+        self._data.dataset_info, self._preprocess,
+        registry.mean_pixel(self._model_options.model_variant))
+
+  def __call__(self, checkpoint, step):
+    """The history record of `checkpoint` (of global step `step`)."""
+    if self._predictor is None:
+      self._predictor = predictor_lib.Predictor(
+          self._model_options, self._inference, self._session_config)
+    result, _ = eval_loop.evaluate_checkpoint(
+        self._predictor, checkpoint, self._samples, self._data.dataset_info,
+        self._eval_options, self._inference)
+    return {'step': int(step), 'miou': result['miou'],
+            'per_class_iou': result['per_class_iou'],
+            'seconds': result['seconds']}
+
+  def close(self):
+    if self._predictor is not None:
+      self._predictor.close()
+      self._predictor = None
+
+
+class ValidationHook(tf.train.SessionRunHook):
+  """Evaluates, keeps the best checkpoint and stops early (see the module
+  docstring). Put it after the CheckpointHook: it evaluates what that hook
+  saved.
+
+  Args:
+    run_options: RunOptions (eval_interval_steps set).
+    evaluate: fn(checkpoint prefix, step) -> history record (an Evaluator).
+    save: fn(session, step) -> the checkpoint prefix of that step, written
+      if needed (CheckpointHook.save_now).
+    state: the ValidationState read back from the logdir (load_state).
+    key: metric_key of run_options.best_metric.
+    global_step / step_after: the global step read, and after the update.
+    last_step: the run's last step (reaching it is not an early stop).
+    stop_state: the run's hooks.StopState.
+  """
+
+  def __init__(self, run_options, evaluate, save, state, key, global_step,
+               step_after, last_step, stop_state):
+    self._options = run_options
+    self._logdir = run_options.train_logdir
+    self._evaluate = evaluate
+    self._save = save
+    self.state = state
+    self._key = key
+    self._global_step = global_step
+    self._step_after = step_after
+    self._last_step = last_step
+    self._stop = stop_state
+    self._evaluated_step = (int(state.records[-1]['step']) if state.records
+                            else None)
+
+  def before_run(self, run_context):
+    return tf.train.SessionRunArgs(self._step_after)
+
+  def after_run(self, run_context, run_values):
+    step = int(run_values.results)
+    if step % self._options.eval_interval_steps or self._stopping_quickly():
+      return
+    self._validate(run_context.session, step)
+    if (self.state.patience_used_up(self._options.early_stopping_patience)
+        and step < self._last_step):
+      logging.info(
+          'Early stopping at step %d: %d evaluation(s) in a row without an '
+          'improvement of %s by more than %g', step,
+          self.state.without_improvement, self._options.best_metric,
+          self._options.early_stopping_min_delta)
+      self._stop.request(EARLY_STOPPING)
+      run_context.request_stop()
+
+  def end(self, session):
+    step = int(session.run(self._global_step))
+    if step != self._evaluated_step and not self._stopping_quickly():
+      self._validate(session, step)
+
+  def _stopping_quickly(self):
+    """A signal or the time budget asked the run to stop: no evaluation
+    delays it (the final checkpoint is still written)."""
+    reason = self._stop.reason or ''
+    return (reason.startswith(hooks_lib.SIGNAL_PREFIX)
+            or reason == hooks_lib.TIME_BUDGET)
+
+  def close(self):
+    """Releases the evaluator's session (also after an error)."""
+    close = getattr(self._evaluate, 'close', None)
+    if close is not None:
+      close()
+
+  def summary(self):
+    """E.g. 'best miou 0.4123 at step 300 in LOGDIR/best', for the result."""
+    best = self.state.best
+    if best is None:
+      return 'no best checkpoint yet'
+    return 'best %s %s at step %s in %s' % (
+        best['metric'], _show(best['value']), best['step'],
+        best_dir(self._logdir))
+
+  def _validate(self, session, step):
+    checkpoint = self._save(session, step)
+    record = self._evaluate(checkpoint, step)
+    self._evaluated_step = step
+    value = metric_value(record, self._key)
+    if improves(value, self.state.best_value):
+      self.state.best = {'step': step, 'metric': self._options.best_metric,
+                         'value': value,
+                         'checkpoint': os.path.basename(checkpoint),
+                         'record': record}
+      save_best(self._logdir, checkpoint, self.state.best)
+    self.state.add(record, self._key, self._options.early_stopping_min_delta)
+    write_history(self._logdir, self.state.records)
+    self._write_summary(record, step)
+    best = self.state.best
+    logging.info('Evaluation of step %d on split %r: mIoU %s, %s %s (%s), '
+                 '%.1f s', step, self._options.eval_split,
+                 _show(record['miou']), self._options.best_metric,
+                 _show(value), 'no best yet' if best is None else
+                 'best %s at step %d' % (_show(best['value']), best['step']),
+                 record['seconds'])
+    if value is None:
+      logging.warning('%s is undefined at step %d: the class is neither in '
+                      'the labels of split %r nor in the predictions; no '
+                      'checkpoint is kept as the best by it',
+                      self._options.best_metric, step,
+                      self._options.eval_split)
+
+  def _write_summary(self, record, step):
+    values = [tf.Summary.Value(tag='eval/miou',
+                               simple_value=_finite(record['miou']))]
+    for name, iou in sorted(record['per_class_iou'].items()):
+      if iou is not None:
+        values.append(tf.Summary.Value(tag='eval/iou/%s' % name,
+                                       simple_value=iou))
+    writer = tf.summary.FileWriterCache.get(self._logdir)
+    writer.add_summary(tf.Summary(value=values), step)
+    writer.flush()
+
+
+def _finite(value):
+  return float('nan') if value is None else float(value)
+
+
+def _show(value):
+  return '-' if value is None else '%.4f' % value

@@ -1,0 +1,193 @@
+"""deeplab-train's validation during training: the metrics history, the best
+checkpoint in best/ (and deeplab-eval agreeing with its metric), early
+stopping, a kill -9 then a resume, and the flags' checks."""
+import contextlib
+import io
+import json
+import os
+
+from absl import flags
+import pytest
+import tensorflow.compat.v1 as tf
+
+from deeplab_train import config
+from deeplab_train.cli import eval as eval_cli
+from deeplab_train.cli import train as train_cli
+from deeplab_train.runtime import validation
+
+import eval_testing as et
+import train_testing as tt
+
+FLAGS = flags.FLAGS
+
+
+@pytest.fixture(scope='module')
+def records(tmp_path_factory):
+  """The sample records as a train and a val split in one folder."""
+  out = tmp_path_factory.mktemp('records')
+  tt.make_tfrecords(out, count=2)
+  tt.make_tfrecords(out, count=2, split='val')
+  return str(out)
+
+
+def _main(args):
+  """Runs deeplab-train's main() in-process; (exit code, result dict)."""
+  FLAGS.unparse_flags()
+  try:
+    FLAGS(['deeplab-train'] + list(args))
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+      code = train_cli.main(['deeplab-train'])
+  finally:
+    FLAGS.unparse_flags()
+  lines = [l for l in stdout.getvalue().splitlines() if l.startswith('{')]
+  return code, json.loads(lines[-1])
+
+
+def _history(logdir):
+  return validation.read_history(str(logdir))
+
+
+def _best(logdir):
+  with open(os.path.join(str(logdir), 'best', 'best.json')) as f:
+    return json.load(f)
+
+
+@pytest.mark.parametrize('extra,message', [
+    (['--eval_split=val'], '--eval_split needs --eval_interval_steps'),
+    (['--eval_interval_steps=0'], '--eval_interval_steps must be >= 1'),
+    (['--early_stopping_patience=2'],
+     '--early_stopping_patience needs --eval_interval_steps'),
+    (['--eval_interval_steps=2', '--early_stopping_patience=-1'],
+     '--early_stopping_patience must be >= 0'),
+    (['--eval_interval_steps=2', '--best_metric=accuracy'],
+     "--best_metric must be miou or iou/CLASS (a class name or id), got "
+     "'accuracy'"),
+    (['--eval_interval_steps=2', '--best_metric=iou/7'],
+     '--best_metric=iou/7 names no class of dataset shapes'),
+    (['--eval_interval_steps=2', '--eval_split=nope'], 'nope'),
+    (['--eval_interval_steps=2', '--ps_hosts=localhost:1',
+      '--worker_hosts=localhost:2', '--job_name=worker', '--task=0'],
+     'not supported on a cluster yet'),
+])
+def test_bad_flags_exit_2_with_one_line(tmp_path, records, extra, message):
+  code, result = _main(tt.tiny_cli_args(tmp_path / 'log', records, 5,
+                                        *extra))
+  assert code == 2 and result['status'] == 'bad_input'
+  assert message in result['message'] and '\n' not in result['message']
+  assert tt.latest_step(tmp_path / 'log') is None
+
+
+def test_resume_repairs_what_a_kill_left(tmp_path):
+  """Killed while best/ was swapped, after a new best but before the
+  history line: the new best/ is put in place, its record back in the
+  history, the temp files removed."""
+  logdir = str(tmp_path)
+  record = lambda step, miou: {'step': step, 'miou': miou, 'seconds': 1.0,
+                               'per_class_iou': {'a': miou}}
+  validation.write_history(logdir, [record(1, 0.2)])
+  best = lambda step, miou: {'step': step, 'metric': 'miou', 'value': miou,
+                             'record': record(step, miou)}
+  for name, payload in (('.best.tmp-99.old', best(1, 0.2)),
+                        ('.best.tmp-99', best(2, 0.3))):
+    os.makedirs(os.path.join(logdir, name))
+    with open(os.path.join(logdir, name, 'best.json'), 'w') as f:
+      json.dump(payload, f)
+  open(os.path.join(logdir, '.metrics_history.jsonl.tmp-99'), 'w').close()
+  state = validation.load_state(logdir, 'miou', None, 0.01)
+  assert state.best['step'] == 2 and _best(logdir)['step'] == 2
+  assert [r['step'] for r in _history(logdir)] == [1, 2]
+  assert state.stopping_best == 0.3 and state.without_improvement == 0
+  assert sorted(os.listdir(logdir)) == ['best', 'metrics_history.jsonl']
+  # Another metric: best/ is not compared with; the count is the history's.
+  state = validation.load_state(logdir, 'iou/a', 'a', 0.2)
+  assert state.best is None and state.without_improvement == 1
+
+
+@pytest.mark.slow
+def test_history_best_and_deeplab_eval_agree(tmp_path, records, capsys):
+  logdir = tmp_path / 'log'
+  code, result = _main(tt.tiny_cli_args(logdir, records, 5,
+                                        '--eval_interval_steps=2'))
+  assert code == 0 and result['stop_reason'] == 'finished', result
+  history = _history(logdir)
+  # Every 2 steps, and the last step.
+  assert [r['step'] for r in history] == [2, 4, 5]
+  for record in history:
+    assert sorted(record) == ['miou', 'per_class_iou', 'seconds', 'step']
+    assert 0.0 <= record['miou'] <= 1.0
+    assert len(record['per_class_iou']) == tt.NUM_CLASSES
+  best = _best(logdir)
+  mious = [r['miou'] for r in history]
+  assert best['metric'] == 'miou' and best['value'] == max(mious)
+  assert best['step'] == history[mious.index(max(mious))]['step']
+  assert 'best miou' in result['message']
+  # best/ is a checkpoint directory on its own: state file, config.
+  best_dir = logdir / 'best'
+  assert tf.train.latest_checkpoint(str(best_dir)) == str(
+      best_dir / ('model.ckpt-%d' % best['step']))
+  assert config.load_run_config(str(best_dir))[0] == tt.tiny_model_options()
+  # eval/miou is in the train logdir's TensorBoard events.
+  tags = {v.tag for path in tf.io.gfile.glob(str(logdir / 'events.*'))
+          for event in tf.train.summary_iterator(path)
+          for v in event.summary.value}
+  assert 'eval/miou' in tags
+  # deeplab-eval of best/ (its own flags only) reports the same mIoU.
+  capsys.readouterr()
+  assert et.run_cli(eval_cli, ['--checkpoint_dir=%s' % best_dir,
+                               '--dataset_dir=%s' % records,
+                               '--eval_logdir=%s' % (tmp_path / 'eval')]) == 0
+  lines = capsys.readouterr().out.strip().splitlines()
+  evaluated = json.loads(lines[-1])
+  assert evaluated['global_step'] == best['step']
+  assert evaluated['miou'] == best['value']
+  assert evaluated['per_class_iou'] == best['record']['per_class_iou']
+
+
+@pytest.mark.slow
+def test_early_stopping_when_the_metric_cannot_improve(tmp_path, records):
+  # No learning: every evaluation gives the same mIoU.
+  logdir = tmp_path / 'log'
+  args = tt.tiny_cli_args(
+      logdir, records, 50, '--base_learning_rate=0',
+      '--eval_interval_steps=1', '--early_stopping_patience=1',
+      '--early_stopping_min_delta=0.001')
+  code, result = _main(args)
+  assert code == 0 and result['stop_reason'] == 'early_stopping', result
+  assert result['global_step'] == 2 and tt.latest_step(logdir) == 2
+  assert result['checkpoint'].endswith('model.ckpt-2')
+  assert [r['step'] for r in _history(logdir)] == [1, 2]
+  assert _best(logdir)['step'] == 1
+  # Run again: the history shows the patience used up, nothing trains.
+  code, result = _main(args)
+  assert code == 0 and result['stop_reason'] == 'early_stopping', result
+  assert result['global_step'] == 2 and len(_history(logdir)) == 2
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_keeps_best_history_and_count(tmp_path, records):
+  logdir = tmp_path / 'log'
+  args = tt.tiny_cli_args(
+      logdir, records, 1000, '--base_learning_rate=0',
+      '--eval_interval_steps=1', '--early_stopping_patience=3',
+      '--early_stopping_min_delta=0.001')
+  proc = tt.start_cli(args, tmp_path / 'run1')
+  try:
+    tt.wait_for(lambda: len(_history(logdir)) >= 2, proc=proc)
+  finally:
+    proc.kill()
+    proc.wait()
+  before = _history(logdir)
+  assert len(before) < 4, 'killed too late: the run had stopped already'
+  assert _best(logdir)['step'] == before[0]['step']
+  code, result = _main(args)
+  assert code == 0 and result['stop_reason'] == 'early_stopping', result
+  after = _history(logdir)
+  # The count went on from the history: 1 best + 3 without improvement
+  # in all, whenever the kill came; the records before it are kept.
+  assert len(after) == 4 and after[:len(before)] == before
+  steps = [r['step'] for r in after]
+  assert steps == sorted(set(steps))
+  # The first evaluation stays the best (an equal mIoU does not replace it).
+  assert _best(logdir)['step'] == before[0]['step']
+  assert not [e for e in os.listdir(logdir) if '.tmp-' in e]
