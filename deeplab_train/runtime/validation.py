@@ -48,6 +48,7 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train import atomic
 from deeplab_train import config
+from deeplab_train.config import serialize
 from deeplab_train.evaluation import confusion as confusion_lib
 from deeplab_train.evaluation import eval_loop
 from deeplab_train.evaluation import predictor as predictor_lib
@@ -155,14 +156,12 @@ def write_history(logdir, records):
 def read_best(logdir):
   """best/best.json as a dict, or None."""
   path = os.path.join(best_dir(logdir), BEST_JSON)
-  if not os.path.isfile(path):
-    return None
   try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError) as e:
-    logging.warning('cannot read %s (%s): the next evaluation replaces the '
-                    'best checkpoint', path, e)
+    return serialize.read_json_file(
+        path, 'cannot read %s (%s): the next evaluation replaces the best '
+        'checkpoint')
+  except config.ConfigError as e:
+    logging.warning('%s', e)
     return None
 
 
