@@ -20,6 +20,7 @@ from deeplab_train.data import build
 from deeplab_train.data import datasets
 from deeplab_train.data import stats
 import test_data_common as common
+import train_testing as tt
 
 FLAGS = flags.FLAGS
 NAMES = ('sky', 'road', 'car', 'bike')
@@ -63,16 +64,7 @@ def built(tmp_path_factory):
 
 def _run_stats(args):
   """deeplab-stats ARGS in-process: (exit code, stdout, result dict)."""
-  FLAGS.unparse_flags()
-  try:
-    FLAGS(['deeplab-stats'] + args)
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-      code = stats_cli.main(['deeplab-stats'])
-  finally:
-    FLAGS.unparse_flags()
-  text = stdout.getvalue()
-  return code, text, json.loads(text.splitlines()[-1])
+  return tt.main_in_process('deeplab-stats', stats_cli.main, args)
 
 
 @contextlib.contextmanager

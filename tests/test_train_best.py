@@ -1,8 +1,6 @@
 """deeplab-train's validation during training: the metrics history, the best
 checkpoint in best/ (and deeplab-eval agreeing with its metric), early
 stopping, a kill -9 then a resume, and the flags' checks."""
-import contextlib
-import io
 import json
 import os
 
@@ -32,16 +30,8 @@ def records(tmp_path_factory):
 
 def _main(args):
   """Runs deeplab-train's main() in-process; (exit code, result dict)."""
-  FLAGS.unparse_flags()
-  try:
-    FLAGS(['deeplab-train'] + list(args))
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-      code = train_cli.main(['deeplab-train'])
-  finally:
-    FLAGS.unparse_flags()
-  lines = [l for l in stdout.getvalue().splitlines() if l.startswith('{')]
-  return code, json.loads(lines[-1])
+  code, _, result = tt.main_in_process('deeplab-train', train_cli.main, args)
+  return code, result
 
 
 def _history(logdir):

@@ -1,8 +1,6 @@
 """deeplab-train: flag validation (exit 2 with one line, before any graph),
 and end to end in a subprocess: SIGKILL then resume, SIGTERM, the lock,
 --help."""
-import contextlib
-import io
 import json
 import os
 import signal
@@ -34,16 +32,8 @@ def records(tmp_path_factory):
 
 def _main(args):
   """Runs main() in-process on `args`; returns (exit code, result dict)."""
-  FLAGS.unparse_flags()
-  try:
-    FLAGS(['deeplab-train'] + args)
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-      code = train_cli.main(['deeplab-train'])
-  finally:
-    FLAGS.unparse_flags()
-  lines = [l for l in stdout.getvalue().splitlines() if l.startswith('{')]
-  return code, json.loads(lines[-1])
+  code, _, result = tt.main_in_process('deeplab-train', train_cli.main, args)
+  return code, result
 
 
 def _args(tmp_path, records, *extra):

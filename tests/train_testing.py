@@ -1,5 +1,7 @@
 """Helpers for the trainer tests: tiny models and inputs, sample TFRecords,
 running deeplab-train in a subprocess, reading checkpoints."""
+import contextlib
+import io
 import json
 import os
 import pathlib
@@ -7,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from absl import flags
 import numpy as np
 import tensorflow.compat.v1 as tf
 
@@ -128,6 +131,22 @@ def finish(proc, timeout=120):
     if line.startswith('{') and '"event": "result"' in line:
       result = json.loads(line)
   return proc.returncode, result, err
+
+
+def main_in_process(command, main, args):
+  """Runs a command's main() in this process on the flags `args` (parsed
+  anew, reset after): (exit code, stdout text, last JSON line as a dict)."""
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS([command] + list(args))
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+      code = main([command])
+  finally:
+    flags.FLAGS.unparse_flags()
+  text = stdout.getvalue()
+  lines = [l for l in text.splitlines() if l.startswith('{')]
+  return code, text, json.loads(lines[-1])
 
 
 def run_cli(args, log_dir, timeout=120):
