@@ -12,10 +12,36 @@ import os
 import shutil
 
 
+def _temp_prefix(path):
+  """(folder, the start of every temp name of `path`, whatever its pid)."""
+  folder, base = os.path.split(os.path.abspath(path))
+  return folder, '.%s.tmp-' % base
+
+
 def temp_name(path):
   """The hidden temp name of `path` in its folder (with this pid)."""
-  folder, base = os.path.split(os.path.abspath(path))
-  return os.path.join(folder, '.%s.tmp-%d' % (base, os.getpid()))
+  folder, prefix = _temp_prefix(path)
+  return os.path.join(folder, '%s%d' % (prefix, os.getpid()))
+
+
+def leftover_temps(path):
+  """The temp files and folders of `path` in its folder, of any process
+  (e.g. of a killed writer), sorted."""
+  folder, prefix = _temp_prefix(path)
+  if not os.path.isdir(folder):
+    return []
+  return [os.path.join(folder, entry) for entry in sorted(os.listdir(folder))
+          if entry.startswith(prefix)]
+
+
+def remove_leftover_temps(path):
+  """Removes `leftover_temps(path)`. Call only when no writer of `path`
+  is running (e.g. under the lock of its folder)."""
+  for leftover in leftover_temps(path):
+    if os.path.isdir(leftover) and not os.path.islink(leftover):
+      shutil.rmtree(leftover, ignore_errors=True)
+    else:
+      os.remove(leftover)
 
 
 @contextlib.contextmanager
@@ -87,3 +113,26 @@ def replace_dir(tmp, path):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     os.rename(tmp, path)
   return path
+
+
+def finish_replace_dir(path):
+  """Completes a `replace_dir(..., path)` that a killed process left
+  between its two renames, then removes the other temp leftovers of `path`.
+
+  With no directory at `path`, the one moved aside (`<temp>.old`) is put
+  back in its place by its finished replacement when that exists, else by
+  itself. Call only when no writer of `path` is running.
+
+  Returns:
+    The leftover moved to `path`, or None.
+  """
+  restored = None
+  if not os.path.lexists(path):
+    for leftover in leftover_temps(path):
+      if leftover.endswith('.old'):
+        finished = leftover[:-len('.old')]
+        restored = finished if os.path.isdir(finished) else leftover
+        os.rename(restored, path)
+        break
+  remove_leftover_temps(path)
+  return restored

@@ -77,6 +77,16 @@ class ConfigError(ValueError):
     return self.render()
 
 
+def shortened(items, limit):
+  """The first `limit` items comma-separated, and how many in all when cut
+  ('a, b, ... (7 in all)'): long lists in messages."""
+  items = list(items)
+  shown = ', '.join(items[:limit])
+  if len(items) > limit:
+    shown += ', ... (%d in all)' % len(items)
+  return shown
+
+
 def field_ref(options, name):
   """'{Owner.name}' for a field of the option object `options`."""
   return '{%s.%s}' % (type(options).__name__, name)

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Optional, Tuple
 
 from deeplab_train.config import ConfigError
+from deeplab_train.config import errors
 from deeplab_train.data import colormap as colormap_lib
 from deeplab_train.data import datasets
 
@@ -25,11 +26,7 @@ class DataError(ConfigError):
 
 def few(items):
   """The first MAX_LISTED items, comma-separated, and the count if cut."""
-  items = list(items)
-  shown = ', '.join(items[:MAX_LISTED])
-  if len(items) > MAX_LISTED:
-    shown += ', ... (%d in all)' % len(items)
-  return shown
+  return errors.shortened(items, MAX_LISTED)
 
 
 @dataclasses.dataclass(frozen=True)

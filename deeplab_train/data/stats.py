@@ -39,6 +39,7 @@ from typing import Tuple
 import numpy as np
 
 from deeplab_train.config import ConfigError
+from deeplab_train.config import errors
 
 # A class under this share of the labelled pixels is reported as rare.
 RARE_CLASS_SHARE = 0.001
@@ -318,11 +319,7 @@ def class_label(class_id, class_names=None):
 
 
 def _listed(items):
-  items = list(items)
-  shown = ', '.join(items[:MAX_LISTED])
-  if len(items) > MAX_LISTED:
-    shown += ', ... (%d in all)' % len(items)
-  return shown
+  return errors.shortened(items, MAX_LISTED)
 
 
 def format_table(split, counted, class_names=None, ignore_label=None):

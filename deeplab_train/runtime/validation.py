@@ -171,11 +171,6 @@ def _checkpoint_files(prefix):
   return glob.glob(pattern + '.index') + glob.glob(pattern + '.data-*')
 
 
-def _state_file_text(name):
-  return ('model_checkpoint_path: "%s"\nall_model_checkpoint_paths: "%s"\n'
-          % (name, name))
-
-
 def save_best(logdir, checkpoint, best):
   """Copies `checkpoint` (a prefix in logdir) with the run config to
   `<logdir>/best/`: into a temp folder, renamed into place.
@@ -196,9 +191,10 @@ def save_best(logdir, checkpoint, best):
   run_config = os.path.join(logdir, config.RUN_CONFIG_FILENAME)
   if os.path.isfile(run_config):
     shutil.copy2(run_config, tmp)
+  # The state file names it by a relative path: best/ may be moved.
   name = os.path.basename(checkpoint)
-  with open(os.path.join(tmp, 'checkpoint'), 'w') as f:
-    f.write(_state_file_text(name))
+  tf.train.update_checkpoint_state(tmp, name,
+                                   all_model_checkpoint_paths=[name])
   with open(os.path.join(tmp, BEST_JSON), 'w') as f:
     json.dump(best, f, indent=1, sort_keys=True)
     f.write('\n')
@@ -206,35 +202,15 @@ def save_best(logdir, checkpoint, best):
 
 
 def recover_best_dir(logdir):
-  """Finishes or undoes a best/ swap a killed run left, and removes its
-  other temp files (call with the logdir lock held).
-
-  atomic.replace_dir renames best/ to `<temp>.old`, then the finished temp
-  folder to best/: killed in between, the temp folder is complete and is
-  renamed into place. Anything else with a temp name is partial.
-  """
+  """Finishes or undoes a best/ swap a killed run left (see
+  atomic.finish_replace_dir), and removes the history's temp files (call
+  with the logdir lock held)."""
   target = best_dir(logdir)
-  tmp_prefix = os.path.basename(atomic.temp_name(target)).rsplit('-', 1)[0]
-  history_tmp = os.path.basename(
-      atomic.temp_name(history_path(logdir))).rsplit('-', 1)[0]
-  if not os.path.lexists(target):
-    for entry in sorted(os.listdir(logdir)):
-      if entry.startswith(tmp_prefix + '-') and entry.endswith('.old'):
-        finished = os.path.join(logdir, entry[:-len('.old')])
-        source = (finished if os.path.isdir(finished)
-                  else os.path.join(logdir, entry))
-        os.rename(source, target)
-        logging.warning('restored %s from %s (a run was killed while '
-                        'replacing it)', target, source)
-        break
-  for entry in os.listdir(logdir):
-    if entry.startswith(tmp_prefix + '-') or entry.startswith(
-        history_tmp + '-'):
-      path = os.path.join(logdir, entry)
-      if os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
-      else:
-        os.remove(path)
+  restored = atomic.finish_replace_dir(target)
+  if restored is not None:
+    logging.warning('restored %s from %s (a run was killed while replacing '
+                    'it)', target, restored)
+  atomic.remove_leftover_temps(history_path(logdir))
 
 
 @dataclasses.dataclass
