@@ -273,7 +273,7 @@ def options_from_flags():
       info.num_classes, crop, saved=saved_model,
       num_classes_from=common_flags.classes_source(FLAGS.dataset_dir))
   preprocess = train_flags.preprocess_options(crop, saved_pre)
-  train = train_flags.train_options()
+  train = train_flags.train_options(dataset_info=info)
   runs = run_options()
   for warning in config.check_training_setup(model_options, train):
     logging.warning('%s', app.user_message(warning, FLAG_NAMES))

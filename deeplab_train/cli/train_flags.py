@@ -209,11 +209,13 @@ def check_unsupported():
                              'not supported')
 
 
-def train_options(cpu_features=None):
+def train_options(cpu_features=None, dataset_info=None):
   """TrainOptions from the flags, validated; --mixed_precision=auto
-  resolved for `cpu_features` (default: this machine's, runtime/cpu.py)."""
+  resolved for `cpu_features` (default: this machine's, runtime/cpu.py),
+  a --label_weights scheme from the counts in `dataset_info` (default:
+  --dataset_dir's dataset.json)."""
   values = {name: FLAGS[name].value for name in _TRAIN_FIELDS}
-  values['label_weights'] = label_weights()
+  values['label_weights'] = label_weights(dataset_info)
   if values['mixed_precision'] == cpu_lib.AUTO:
     mode, reason = cpu_lib.auto_mixed_precision(
         cpu_features if cpu_features is not None else cpu_lib.machine_cpu())
@@ -222,10 +224,11 @@ def train_options(cpu_features=None):
   return config.TrainOptions(**values).validate()
 
 
-def label_weights():
+def label_weights(dataset_info=None):
   """--label_weights as one float per class, or None (all 1): the numbers
   given, or those a scheme derives from --train_split's pixel counts
-  (stats.class_weights), logged as a table.
+  (stats.class_weights) in `dataset_info` (default: read from
+  --dataset_dir's dataset.json), logged as a table.
 
   Raises:
     config.ConfigError: a scheme mixed with numbers, or no pixel counts of
@@ -241,14 +244,15 @@ def label_weights():
     raise config.ConfigError(
         '--label_weights=%s derives every class weight: give it alone, or '
         'one number per class', schemes[0])
-  return _derived_weights(schemes[0], FLAGS.dataset_dir, FLAGS.train_split)
+  return _derived_weights(schemes[0], FLAGS.dataset_dir, FLAGS.train_split,
+                          dataset_info)
 
 
-def _derived_weights(scheme, dataset_dir, split):
-  """The weights `scheme` gives for the counts of `split` in dataset_dir's
-  dataset.json (see label_weights)."""
-  info = (datasets.read_dataset_json(dataset_dir)
-          if dataset_dir and os.path.isdir(dataset_dir) else None)
+def _derived_weights(scheme, dataset_dir, split, info=None):
+  """The weights `scheme` gives for the counts of `split` in `info`, else
+  in dataset_dir's dataset.json (see label_weights)."""
+  if info is None and dataset_dir and os.path.isdir(dataset_dir):
+    info = datasets.read_dataset_json(dataset_dir)
   counted = info.split_statistics(split) if info is not None else None
   if counted is None:
     where = (os.path.join(dataset_dir, datasets.DATASET_JSON)
