@@ -37,6 +37,7 @@ from typing import Callable, List, NamedTuple, Optional, Tuple
 
 from absl import logging
 
+from deeplab_train.bench import report
 from deeplab_train.config import errors
 from deeplab_train.runtime import cpu as cpu_lib
 
@@ -462,20 +463,13 @@ def prepare_records(job, folder):
   Returns:
     (dataset name, dataset_dir, split).
   """
-  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
   from deeplab_train.bench import data as bench_data
-  from deeplab_train.data import build
-  from deeplab_train.data import build_options
   if job.data == 'dataset_dir':
     return job.dataset, job.dataset_dir, job.split
   if job.data == 'sample':
-    sample = bench_data.sample_data_folder()
-    build.build_voc(os.path.join(sample, 'JPEGImages'),
-                    os.path.join(sample, 'SegmentationClass'),
-                    os.path.join(sample, 'ImageSets', 'Segmentation'),
-                    folder, build_options.BuildOptions(
-                        num_classes=VOC_CLASSES,
-                        dataset_name='pascal_voc_seg'), split_name='train')
+    bench_data.convert_sample_dataset(folder, num_classes=VOC_CLASSES,
+                                      dataset_name='pascal_voc_seg')
   else:
     bench_data.write_synthetic_dataset(folder,
                                        num_images=job.synthetic_images,
@@ -549,7 +543,7 @@ def run_comparison(job):
         'original': run_trainer(original, job, data, work_dir, index),
         'ours': run_trainer(ours, job, data, work_dir, index)})
   shutil.rmtree(work_dir, ignore_errors=True)
-  return rounded(summarize(job, rounds, cpu_lib.machine_cpu(),
+  return report.rounded(summarize(job, rounds, cpu_lib.machine_cpu(),
                            [load_start, os.getloadavg()[0]]))
 
 
@@ -615,17 +609,6 @@ def format_comparison(result):
     lines.append('given to deeplab-train only: %s'
                  % ' '.join(result['ours_only_flags']))
   return '\n'.join(lines)
-
-
-def rounded(value, digits=4):
-  """`value` with every float in it rounded, for a compact JSON line."""
-  if isinstance(value, float):
-    return round(value, digits)
-  if isinstance(value, dict):
-    return {k: rounded(v, digits) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [rounded(v, digits) for v in value]
-  return value
 
 
 def result_json_line(result):

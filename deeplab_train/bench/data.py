@@ -86,16 +86,18 @@ def sample_data_folder():
   return folder
 
 
-def convert_sample_dataset(output_dir, split='train'):
-  """Converts the bundled sample dataset's `split` into `output_dir`.
+def convert_sample_dataset(output_dir, split='train',
+                           num_classes=SAMPLE_CLASSES, dataset_name='sample'):
+  """Converts the bundled sample dataset's `split` into `output_dir`, as a
+  dataset of `num_classes` classes named `dataset_name`.
 
   Returns:
     The DatasetInfo written.
   """
   from deeplab_train.data import build  # pylint: disable=g-import-not-at-top
   data = sample_data_folder()
-  options = build.BuildOptions(num_classes=SAMPLE_CLASSES,
-                               dataset_name='sample')
+  options = build.BuildOptions(num_classes=num_classes,
+                               dataset_name=dataset_name)
   return build.build_voc(os.path.join(data, 'JPEGImages'),
                          os.path.join(data, 'SegmentationClass'),
                          os.path.join(data, 'ImageSets', 'Segmentation'),

@@ -68,9 +68,13 @@ def format_table(results):
   return '\n'.join(lines)
 
 
-def rounded(result, digits=4):
-  """The result with floats rounded, for a compact JSON line."""
-  out = {}
-  for key, value in result.items():
-    out[key] = round(value, digits) if isinstance(value, float) else value
-  return out
+def rounded(value, digits=4):
+  """`value` (a result) with every float in it rounded, also inside its
+  dicts and lists, for a compact JSON line."""
+  if isinstance(value, float):
+    return round(value, digits)
+  if isinstance(value, dict):
+    return {k: rounded(v, digits) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [rounded(v, digits) for v in value]
+  return value
