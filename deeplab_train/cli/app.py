@@ -16,6 +16,7 @@ default the field's own name, else the command's FLAG_NAMES entry (e.g.
 InferenceOptions.crop_size is --eval_crop_size in deeplab-eval and
 --vis_crop_size in deeplab-vis).
 """
+import dataclasses
 import json
 import logging
 import sys
@@ -58,6 +59,29 @@ def print_result(status, **fields):
   """Prints the command's JSON result line (sorted keys, flushed)."""
   line = dict(fields, event='result', status=status)
   print(json.dumps(line, sort_keys=True), flush=True)
+
+
+def report_result(command, result, result_json=None, flag_names=None):
+  """Prints a RunResult as the command's JSON line, after one error line on
+  stderr when it is not ok, and writes it to `result_json`.
+
+  Returns:
+    False when result_json could not be written (the run then exits 1 even
+    if it trained: a caller reading that file would find nothing).
+  """
+  if result.detail is not None:
+    result = dataclasses.replace(
+        result, message=user_message(result.detail, flag_names))
+  if result.status != 'ok':
+    sys.stderr.write('%s: %s\n' % (command, result.message))
+  print(result.to_json(), flush=True)
+  if result_json:
+    try:
+      result_lib.write_result_json(result, result_json)
+    except OSError as e:
+      logging.error('cannot write --result_json=%s: %s', result_json, e)
+      return False
+  return True
 
 
 def flag_namer(flag_names=None):

@@ -14,6 +14,7 @@ from deeplab_train.cli import signals
 from deeplab_train.runtime import result as result_lib
 
 _RESULT_JSON = '--result_json'
+COMMAND = 'deeplab-train'
 
 
 def result_json_argument(argv):
@@ -41,14 +42,9 @@ def install_signals(argv):
         result_lib.STOPPED_NOW[name], result_lib.SIGNAL_PREFIX + name,
         seconds=time.time() - start,
         message='stopped at once (%s again) before training started' % name)
-    sys.stderr.write('deeplab-train: %s\n' % result.message)
-    print(result.to_json(), flush=True)
-    if result_json:
-      try:
-        result_lib.write_result_json(result, result_json)
-      except OSError as e:
-        sys.stderr.write('deeplab-train: cannot write --result_json=%s: %s\n'
-                         % (result_json, e))
+    # Imported only now: nothing but the handlers before TensorFlow.
+    from deeplab_train.cli import app  # pylint: disable=g-import-not-at-top
+    app.report_result(COMMAND, result, result_json)
 
   process_signals = signals.install()
   process_signals.connect(on_stop_now=stop_now)

@@ -106,7 +106,7 @@ from deeplab_train.runtime import validation
 from deeplab_train.train import inputs
 
 FLAGS = flags.FLAGS
-COMMAND = 'deeplab-train'
+COMMAND = launch.COMMAND
 FLAG_NAMES = train_flags.FLAG_NAMES
 
 # Clusters (TensorFlow's distributed runtime; or the TF_CONFIG variable).
@@ -343,22 +343,9 @@ def report(result, result_json=None):
   """Prints the JSON result line (and the error line); writes result_json.
 
   Returns:
-    False when result_json could not be written (the run then exits 1 even
-    if it trained: a caller reading that file would find nothing).
+    False when result_json could not be written (see app.report_result).
   """
-  if result.detail is not None:
-    result = dataclasses.replace(
-        result, message=app.user_message(result.detail, FLAG_NAMES))
-  if result.status != 'ok':
-    sys.stderr.write('%s: %s\n' % (COMMAND, result.message))
-  print(result.to_json(), flush=True)
-  if result_json:
-    try:
-      result_lib.write_result_json(result, result_json)
-    except OSError as e:
-      logging.error('cannot write --result_json=%s: %s', result_json, e)
-      return False
-  return True
+  return app.report_result(COMMAND, result, result_json, FLAG_NAMES)
 
 
 def main(argv):
