@@ -9,6 +9,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
+from deeplab_train.runtime import hooks as hooks_lib
 from deeplab_train.runtime import lock as lock_lib
 from deeplab_train.runtime import result as result_lib
 from deeplab_train.runtime import run as run_lib
@@ -290,3 +291,29 @@ def test_no_readable_checkpoint_is_bad_input_not_a_fresh_start(tmp_path):
   assert (result.status, result.exit_code) == ('bad_input', 2)
   assert 'cannot be read' in result.message
   assert tt.latest_step(tmp_path) == 2  # nothing was written over them
+
+
+def test_stop_follows_the_step_read_after_the_update():
+  """Other replicas' updates can move the global step by more than one
+  while a step runs; the run stops at the first step that reaches the last
+  one, not one step later (in synchronous training that extra step waits
+  for a token that never comes)."""
+  with tf.Graph().as_default():
+    global_step = tf.train.get_or_create_global_step()
+    # Two updates per step, as when another replica's update lands too.
+    train_op = tf.assign_add(global_step, 2)
+    with tf.control_dependencies([train_op]):
+      step_after = tf.identity(global_step.read_value())
+
+    def steps_run(hook):
+      runs = 0
+      with tf.train.MonitoredSession(hooks=[hook]) as sess:
+        while not sess.should_stop():
+          sess.run(train_op)
+          runs += 1
+      return runs
+
+    assert steps_run(hooks_lib.LastStepHook(step_after, 4)) == 2
+    # TensorFlow's hook, reading the step as the step starts, runs a third.
+    assert steps_run(tf.train.StopAtStepHook(last_step=4)) == 3
+    assert steps_run(hooks_lib.LastStepHook(step_after, 5)) == 3

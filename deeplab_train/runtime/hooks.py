@@ -129,6 +129,34 @@ class SignalStopHook(tf.train.SessionRunHook):
       run_context.request_stop()
 
 
+class LastStepHook(tf.train.SessionRunHook):
+  """Asks the session to stop once the global step after an update reaches
+  `last_step`.
+
+  tf.train.StopAtStepHook decides from the global step read when the step
+  starts. In synchronous cluster training the other replicas' updates land
+  while a worker's step waits for its token, so that read can be behind by
+  more than one step: the worker then starts a step after the last one,
+  whose token never comes, and waits for ever. The value read after the
+  update (and after the token) is the one that counts.
+
+  Args:
+    step_after: global step after the update (fetch only with train_op).
+    last_step: the step the run stops at.
+  """
+
+  def __init__(self, step_after, last_step):
+    self._step_after = step_after
+    self._last_step = last_step
+
+  def before_run(self, run_context):
+    return tf.train.SessionRunArgs(self._step_after)
+
+  def after_run(self, run_context, run_values):
+    if int(run_values.results) >= self._last_step:
+      run_context.request_stop()
+
+
 class TimeBudgetHook(tf.train.SessionRunHook):
   """Asks the session to stop once `max_seconds` passed since `start_time`."""
 

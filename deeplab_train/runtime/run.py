@@ -322,7 +322,7 @@ class TrainingRun:
       hook_list.append(join)
     hook_list += [hooks_lib.NonFiniteGuardHook(g.total_loss, g.all_finite,
                                                g.step_after),
-                  progress, tf.train.StopAtStepHook(last_step=last_step),
+                  progress, hooks_lib.LastStepHook(g.step_after, last_step),
                   self.signals]
     if run_options.max_run_seconds:
       hook_list.append(hooks_lib.TimeBudgetHook(run_options.max_run_seconds,
