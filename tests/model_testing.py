@@ -52,7 +52,29 @@ def options_from_manifest_config(config):
       decoder_use_separable_conv=config['decoder_use_separable_conv'],
       logits_kernel_size=int(config['logits_kernel_size']),
       depth_multiplier=float(config['depth_multiplier']),
+      divisible_by=config.get('divisible_by'),
+      image_pooling_crop_size=_ints_or_none(
+          config.get('image_pooling_crop_size')),
+      image_pooling_stride=_ints_or_none(
+          config.get('image_pooling_stride', (1, 1))),
+      aspp_convs_filters=int(config.get('aspp_convs_filters', 256)),
+      decoder_filters=int(config.get('decoder_filters', 256)),
+      aspp_with_concat_projection=config.get(
+          'aspp_with_concat_projection', True),
+      aspp_with_squeeze_and_excitation=config.get(
+          'aspp_with_squeeze_and_excitation', False),
+      image_se_uses_qsigmoid=config.get('image_se_uses_qsigmoid', False),
+      decoder_use_sum_merge=config.get('decoder_use_sum_merge', False),
+      decoder_output_is_logits=config.get('decoder_output_is_logits', False),
+      **_nas_options(config),
   ).validate()
+
+
+def _nas_options(config):
+  nas = config.get('nas_architecture_options') or {}
+  return {key: nas[key] for key in (
+      'nas_stem_output_num_conv_filters', 'nas_use_classification_head',
+      'nas_remove_os32_stride') if key in nas}
 
 
 def build_logits(options, batch_size=2, crop_size=None, image_pyramid=None,

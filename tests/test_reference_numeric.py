@@ -1,14 +1,17 @@
 """Same weights, same image -> same output as the original's exported graph.
 
-The reference checkpoint is written with the reference value rule
-(reference_checkpoint.py: deterministic values for every variable of
-mobilenet_v2_os8.json, as the original was given them); our
-graph restores it by variable name and runs input.png the way the
-original's export does: no resize (the image fits the 513 crop), pad
-bottom/right to 513x513 with the mean pixel 127.5, normalise in the model,
-upsample the 65x65 logits bilinearly (align_corners) to 513x513, argmax,
-crop back to the image size.
+For each reference (tests/reference/NAME/ with the manifest of the same
+name), the reference checkpoint is written with the reference value rule
+(reference_checkpoint.py: deterministic values for every variable of the
+manifest, with the weight gain its info.json gives, as the original was
+given them); our graph restores it by variable name and runs input.png the
+way the original's export does: no resize (the image fits the export crop),
+pad bottom/right to the crop with the mean pixel, normalise in the model,
+upsample the logits bilinearly (align_corners) to the crop, argmax, crop
+back to the image size.
 """
+import json
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -20,18 +23,33 @@ from deeplab_train.model import registry
 
 tf = mt.tf
 
-MANIFEST = 'mobilenet_v2_os8'
-EXPORT_CROP = (513, 513)
+# References with a numeric check (a folder under tests/reference/).
+REFERENCES = (
+    'mobilenet_v2_os8',
+)
 MIN_PIXEL_AGREEMENT = 0.99
 LOGITS_ATOL = 1e-3
 
 
+@pytest.fixture(scope='module', params=REFERENCES)
+def name(request):
+  return request.param
+
+
+def _info(reference_dir, name):
+  with open(reference_dir / name / 'info.json') as f:
+    return json.load(f)
+
+
 @pytest.fixture(scope='module')
-def checkpoint(reference_dir, tmp_path_factory):
+def checkpoint(reference_dir, name, tmp_path_factory):
   """A checkpoint prefix with the reference values."""
+  info = _info(reference_dir, name)
   prefix = tmp_path_factory.mktemp('reference_ckpt') / 'model.ckpt'
   return reference_checkpoint.write_checkpoint(
-      mt.load_manifest(reference_dir, MANIFEST), prefix)
+      mt.load_manifest(reference_dir, name), prefix,
+      weight_gain=info.get('weight_gain', reference_checkpoint.WEIGHT_GAIN),
+      bias_scale=info.get('bias_scale', reference_checkpoint.BIAS_SCALE))
 
 
 def _export_like_outputs(image, options):
@@ -59,11 +77,13 @@ def _export_like_outputs(image, options):
 
 
 @pytest.fixture(scope='module')
-def ours(reference_dir, checkpoint):
+def ours(reference_dir, name, checkpoint):
   """Our logits and predictions on input.png with the reference weights."""
-  manifest = mt.load_manifest(reference_dir, MANIFEST)
+  manifest = mt.load_manifest(reference_dir, name)
+  # The export crop: the size of the raw predictions before the crop back.
+  export_crop = tuple(_info(reference_dir, name)['raw_predictions_shape'][1:])
   options = mt.options_from_manifest_config(manifest['config']).replace(
-      crop_size=EXPORT_CROP)
+      crop_size=export_crop)
   image = np.array(Image.open(reference_dir / 'input.png').convert('RGB'))
   graph = tf.Graph()
   with graph.as_default():
@@ -75,8 +95,9 @@ def ours(reference_dir, checkpoint):
       return sess.run([logits, predictions], {placeholder: image[None]})
 
 
-def test_checkpoint_covers_exactly_our_variables(reference_dir, checkpoint):
-  manifest = mt.load_manifest(reference_dir, MANIFEST)
+def test_checkpoint_covers_exactly_our_variables(reference_dir, name,
+                                                 checkpoint):
+  manifest = mt.load_manifest(reference_dir, name)
   options = mt.options_from_manifest_config(manifest['config'])
   graph = tf.Graph()
   with graph.as_default():
@@ -88,18 +109,18 @@ def test_checkpoint_covers_exactly_our_variables(reference_dir, checkpoint):
   assert mt.variable_shapes(graph) == in_checkpoint
 
 
-def test_logits_match_reference(reference_dir, ours):
+def test_logits_match_reference(reference_dir, name, ours):
   logits, _ = ours
-  expected = np.load(reference_dir / MANIFEST / 'logits.npy')
+  expected = np.load(reference_dir / name / 'logits.npy')
   assert logits.shape == expected.shape
   max_diff = float(np.abs(logits - expected).max())
   print('max |logit - reference| = %.3g' % max_diff)
   assert max_diff <= LOGITS_ATOL
 
 
-def test_predictions_match_reference(reference_dir, ours):
+def test_predictions_match_reference(reference_dir, name, ours):
   _, predictions = ours
-  expected = np.load(reference_dir / MANIFEST / 'predictions.npy')
+  expected = np.load(reference_dir / name / 'predictions.npy')
   assert predictions.shape == expected.shape
   agreement = float((predictions == expected).mean())
   print('prediction agreement = %.4f %%' % (100 * agreement))

@@ -87,6 +87,23 @@ _MODEL_TABLE = (
      'Number of filters in the decoder convolutions.'),
     ('float', 'batch_norm_decay', 0.9997,
      'Batch norm decay of the ASPP and decoder layers.'),
+    ('boolean', 'aspp_with_concat_projection', True,
+     'Project the concatenated ASPP branches with a 1x1 convolution.'),
+    ('boolean', 'aspp_with_squeeze_and_excitation', False,
+     'Use the image pooling branch as a squeeze-and-excitation gate of the '
+     'ASPP output (MobileNetV3).'),
+    ('boolean', 'image_se_uses_qsigmoid', False,
+     'The squeeze-and-excitation gate is a hard sigmoid.'),
+    ('boolean', 'decoder_use_sum_merge', False,
+     'The decoder sums its features instead of concatenating them.'),
+    ('boolean', 'decoder_output_is_logits', False,
+     'The decoder\'s last layer outputs the logits.'),
+    ('integer', 'nas_stem_output_num_conv_filters', 20,
+     'Number of filters of the NAS stem output tensor.'),
+    ('boolean', 'nas_use_classification_head', False,
+     'Use the NAS backbone\'s classification head.'),
+    ('boolean', 'nas_remove_os32_stride', False,
+     'Remove the stride of the NAS backbone\'s output stride 32 cell.'),
 )
 flag_table.define(_DATASET_TABLE, _RESIZE_TABLE, _MODEL_TABLE)
 
@@ -98,7 +115,11 @@ _MODEL_FLAGS = (
     'aspp_with_separable_conv', 'multi_grid', 'depth_multiplier',
     'divisible_by', 'logits_kernel_size', 'merge_method',
     'prediction_with_upsampled_logits', 'use_bounded_activation',
-    'aspp_convs_filters', 'decoder_filters', 'batch_norm_decay')
+    'aspp_convs_filters', 'decoder_filters', 'batch_norm_decay',
+    'aspp_with_concat_projection', 'aspp_with_squeeze_and_excitation',
+    'image_se_uses_qsigmoid', 'decoder_use_sum_merge',
+    'decoder_output_is_logits', 'nas_stem_output_num_conv_filters',
+    'nas_use_classification_head', 'nas_remove_os32_stride')
 _RESIZE_FLAGS = ('min_resize_value', 'max_resize_value', 'resize_factor')
 
 

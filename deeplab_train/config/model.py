@@ -35,6 +35,17 @@ class ModelOptions(JsonMixin):
     prediction_with_upsampled_logits: upsample logits before argmax.
     use_bounded_activation: relu6 in place of relu in ASPP/decoder.
     batch_norm_decay: decay of the BN moving averages in ASPP/decoder.
+    aspp_with_concat_projection: project the concatenated ASPP branches
+      with a 1x1 conv ('concat_projection'); false (MobileNetV3) keeps the
+      concatenation.
+    aspp_with_squeeze_and_excitation: the image pooling branch gates the
+      ASPP output (squeeze-and-excitation) instead of being concatenated.
+    image_se_uses_qsigmoid: that gate is a hard sigmoid, relu6(x + 3) / 6.
+    decoder_use_sum_merge: the decoder adds its projected features to the
+      upsampled ones instead of concatenating them.
+    decoder_output_is_logits: the decoder's last layer gives the logits.
+    nas_stem_output_num_conv_filters / nas_use_classification_head /
+      nas_remove_os32_stride: the NAS backbones' architecture options.
   """
   num_classes: int = 21
   model_variant: str = 'mobilenet_v2'
@@ -58,6 +69,14 @@ class ModelOptions(JsonMixin):
   aspp_convs_filters: int = 256
   decoder_filters: int = 256
   batch_norm_decay: float = 0.9997
+  aspp_with_concat_projection: bool = True
+  aspp_with_squeeze_and_excitation: bool = False
+  image_se_uses_qsigmoid: bool = False
+  decoder_use_sum_merge: bool = False
+  decoder_output_is_logits: bool = False
+  nas_stem_output_num_conv_filters: int = 20
+  nas_use_classification_head: bool = False
+  nas_remove_os32_stride: bool = False
 
   def __post_init__(self):
     # Normalise sequences (lists from JSON, strings from flags) to tuples so
