@@ -175,6 +175,19 @@ def test_saved_config_without_a_checkpoint_takes_new_model_flags(tmp_path,
   assert saved_model.depth_multiplier == 0.5
 
 
+def test_the_class_weights_of_the_run_are_saved_with_its_config(tmp_path,
+                                                                records):
+  weights = ['--label_weights=%g' % w for w in (0.5, 1, 2, 1, 3)]
+  code, result = _main(_args(tmp_path, records, '--training_number_of_steps=1',
+                             *weights))
+  assert (code, result['status']) == (0, 'ok')
+  saved = json.loads((tmp_path / 'log' / config.RUN_CONFIG_FILENAME)
+                     .read_text())
+  assert saved['train_options']['label_weights'] == [0.5, 1, 2, 1, 3]
+  # It is a record: the config still loads as before.
+  assert config.load_run_config(str(tmp_path / 'log')) is not None
+
+
 def test_unknown_flag_exits_2(capsys):
   with pytest.raises(SystemExit) as exit_info:
     train_cli._parse_flags(['deeplab-train', '--train_bach_size=4'])

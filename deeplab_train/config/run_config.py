@@ -14,7 +14,8 @@ _INVALID = ('%s is not a valid deeplab config (%s); delete it and pass the '
             'model flags instead')
 
 
-def save_run_config(logdir, model_options, preprocess_options, dataset):
+def save_run_config(logdir, model_options, preprocess_options, dataset,
+                    train_options=None):
   """Atomically writes `deeplab_config.json` into `logdir`.
 
   Args:
@@ -22,6 +23,8 @@ def save_run_config(logdir, model_options, preprocess_options, dataset):
     model_options: ModelOptions.
     preprocess_options: PreprocessOptions (resize settings matter at export).
     dataset: dict with at least 'name', 'num_classes', 'ignore_label'.
+    train_options: TrainOptions of the run, kept as a record (e.g. the class
+      weights a --label_weights scheme derived); nothing reads them back.
 
   Returns:
     The path written.
@@ -30,6 +33,8 @@ def save_run_config(logdir, model_options, preprocess_options, dataset):
   payload = {'model_options': model_options.to_dict(),
              'preprocess_options': preprocess_options.to_dict(),
              'dataset': dict(dataset)}
+  if train_options is not None:
+    payload['train_options'] = train_options.to_dict()
   return atomic.write_json(path, payload)
 
 

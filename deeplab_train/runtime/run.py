@@ -260,7 +260,7 @@ class TrainingRun:
         and spec.dataset is not None):
       config.save_run_config(spec.run_options.train_logdir,
                              spec.model_options, spec.preprocess_options,
-                             spec.dataset)
+                             spec.dataset, spec.train_options)
     logging.info('Training %s from step %d to %d: batch %d on %d tower(s), '
                  'crop %s, output stride %d', spec.model_options.model_variant,
                  start_step, last_step, spec.train_options.train_batch_size,
