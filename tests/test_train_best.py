@@ -50,6 +50,10 @@ def _best(logdir):
      '--early_stopping_patience needs --eval_interval_steps'),
     (['--eval_interval_steps=2', '--early_stopping_patience=-1'],
      '--early_stopping_patience must be >= 0'),
+    (['--early_stopping_start_step=300'],
+     '--early_stopping_start_step needs --eval_interval_steps'),
+    (['--eval_interval_steps=2', '--early_stopping_start_step=-1'],
+     '--early_stopping_start_step must be >= 0'),
     (['--eval_interval_steps=2', '--best_metric=accuracy'],
      "--best_metric must be miou or iou/CLASS (a class name or id), got "
      "'accuracy'"),
@@ -92,6 +96,31 @@ def test_resume_repairs_what_a_kill_left(tmp_path):
   # Another metric: best/ is not compared with; the count is the history's.
   state = validation.load_state(logdir, 'iou/a', 'a', 0.2)
   assert state.best is None and state.without_improvement == 1
+
+
+def test_early_stopping_starts_at_its_start_step(tmp_path):
+  """Before the start step evaluations are history only: a flat start
+  (batch norm averages still at their initial values) does not use up the
+  patience, and the reference value is the first one from the start step."""
+  record = lambda step, miou: {'step': step, 'miou': miou, 'seconds': 1.0,
+                               'per_class_iou': {'a': miou}}
+  history = [record(100, 0.16), record(200, 0.16), record(300, 0.16),
+             record(400, 0.5), record(500, 0.45), record(600, 0.49)]
+  state = validation.ValidationState([], None)
+  for r in history:
+    state.add(r, None, 0.0, start_step=400)
+  assert len(state.records) == 6
+  assert (state.stopping_best, state.without_improvement) == (0.5, 2)
+  assert not state.patience_used_up(3) and state.patience_used_up(2)
+  # Without a start step the flat start alone uses up a patience of 2.
+  flat = validation.ValidationState([], None)
+  for r in history[:3]:
+    flat.add(r, None, 0.0)
+  assert flat.patience_used_up(2)
+  # A resumed run counts the same way from the history file.
+  validation.write_history(str(tmp_path), history)
+  resumed = validation.load_state(str(tmp_path), 'miou', None, 0.0, 400)
+  assert (resumed.stopping_best, resumed.without_improvement) == (0.5, 2)
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ Validation during training (single machine only; refused on a cluster):
 
     deeplab-train ... --eval_interval_steps=500 [--eval_split=val] \\
         [--best_metric=miou|iou/CLASS] [--early_stopping_patience=5 \\
-         --early_stopping_min_delta=0.001]
+         --early_stopping_min_delta=0.001 --early_stopping_start_step=0]
 
 every 500 steps (and at the end of a run that does not stop on a signal or
 the time budget) a checkpoint is saved and scored on --eval_split as
@@ -42,7 +42,10 @@ names its step and value; deeplab-eval, -vis and -export take best/ as a
 checkpoint directory). With --early_stopping_patience=K the run stops
 (exit 0, stop_reason early_stopping, final checkpoint written) after K
 evaluations in a row without an improvement of more than
---early_stopping_min_delta. The history, the best and the count survive a
+--early_stopping_min_delta, counted from --early_stopping_start_step
+(earlier evaluations are kept but neither counted nor compared with: with
+batch norm trained from its initial moving averages the first thousands of
+steps score near nothing). The history, the best and the count survive a
 restart, also after kill -9; a logdir whose history already used up the
 patience is not trained again (stop_reason early_stopping).
 
@@ -185,6 +188,11 @@ _VALIDATION_TABLE = (
     ('float', 'early_stopping_min_delta', 0.0,
      'The smallest change of --best_metric that counts as an improvement '
      'for early stopping.'),
+    ('integer', 'early_stopping_start_step', 0,
+     'Early stopping starts at this step: evaluations of earlier steps are '
+     'kept (and may be the best) but not counted, e.g. while the batch norm '
+     'moving averages of a network trained from scratch still hold their '
+     'initial values.'),
 )
 flag_table.define(_CLUSTER_TABLE, _RUN_TABLE, _VALIDATION_TABLE)
 

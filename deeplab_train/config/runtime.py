@@ -39,6 +39,9 @@ class RunOptions(JsonMixin):
     early_stopping_patience: stop after this many evaluations in a row
       without an improvement of more than early_stopping_min_delta of
       best_metric (0: never).
+    early_stopping_start_step: evaluations of earlier steps are kept in the
+      history (and may be the best) but early stopping neither counts them
+      nor compares with them: it starts at this step.
   """
   train_logdir: str
   log_steps: int = 10
@@ -55,6 +58,7 @@ class RunOptions(JsonMixin):
   best_metric: str = 'miou'
   early_stopping_patience: int = 0
   early_stopping_min_delta: float = 0.0
+  early_stopping_start_step: int = 0
 
   @property
   def validates(self):
@@ -97,9 +101,12 @@ class RunOptions(JsonMixin):
           '{RunOptions.early_stopping_patience} must be >= 0 (0: off)')
     check(self.early_stopping_min_delta >= 0,
           '{RunOptions.early_stopping_min_delta} must be >= 0')
+    check(self.early_stopping_start_step >= 0,
+          '{RunOptions.early_stopping_start_step} must be >= 0')
     for name, default in (('best_metric', 'miou'),
                           ('early_stopping_patience', 0),
-                          ('early_stopping_min_delta', 0.0)):
+                          ('early_stopping_min_delta', 0.0),
+                          ('early_stopping_start_step', 0)):
       check(self.validates or getattr(self, name) == default,
             '%s needs {RunOptions.eval_interval_steps}: it acts on the '
             'evaluations during training' % field_ref(self, name))

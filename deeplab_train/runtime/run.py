@@ -281,7 +281,8 @@ class TrainingRun:
                                     self.spec.eval_data.dataset_info)
     return validation_lib.load_state(
         run_options.train_logdir, run_options.best_metric, key,
-        run_options.early_stopping_min_delta)
+        run_options.early_stopping_min_delta,
+        run_options.early_stopping_start_step)
 
   def _patience_used_up(self, start_step, latest):
     """The history already ends with `patience` evaluations without

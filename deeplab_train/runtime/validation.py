@@ -26,7 +26,11 @@ evaluation:
   - counts the evaluations in a row that did not beat the early-stopping
     best by more than `RunOptions.early_stopping_min_delta`, and stops the
     run (stop reason 'early_stopping', final checkpoint written) once they
-    reach `RunOptions.early_stopping_patience` (0: never).
+    reach `RunOptions.early_stopping_patience` (0: never); evaluations of
+    steps before `RunOptions.early_stopping_start_step` are not counted
+    nor compared with (with batch norm trained from its initial moving
+    averages, decay 0.9997, the first few thousand steps score near
+    nothing whatever the weights: see benchmarks/early_stopping.py).
 
 best/ is written before the history, and best.json holds the evaluation's
 record, so a run killed between the two gets the record back on resume.
@@ -233,9 +237,12 @@ class ValidationState:
   def best_value(self):
     return None if self.best is None else self.best.get('value')
 
-  def add(self, record, key, min_delta):
-    """Counts a new evaluation (the history and early-stopping count)."""
+  def add(self, record, key, min_delta, start_step=0):
+    """Counts a new evaluation (the history and early-stopping count); one
+    of a step before `start_step` goes into the history only."""
     self.records.append(record)
+    if int(record['step']) < start_step:
+      return
     value = metric_value(record, key)
     if improves(value, self.stopping_best, min_delta):
       self.stopping_best = value
@@ -247,7 +254,7 @@ class ValidationState:
     return bool(patience) and self.without_improvement >= patience
 
 
-def load_state(logdir, best_metric, key, min_delta):
+def load_state(logdir, best_metric, key, min_delta, start_step=0):
   """The ValidationState of a (resumed) logdir.
 
   A best.json of another metric is not compared with (the next evaluation
@@ -259,6 +266,7 @@ def load_state(logdir, best_metric, key, min_delta):
     best_metric: RunOptions.best_metric.
     key: metric_key of it.
     min_delta: RunOptions.early_stopping_min_delta.
+    start_step: RunOptions.early_stopping_start_step.
   """
   recover_best_dir(logdir)
   records = read_history(logdir)
@@ -278,7 +286,7 @@ def load_state(logdir, best_metric, key, min_delta):
       best = None
   state = ValidationState([], best)
   for record in records:
-    state.add(record, key, min_delta)
+    state.add(record, key, min_delta, start_step)
   return state
 
 
@@ -421,7 +429,8 @@ class ValidationHook(tf.train.SessionRunHook):
                          'checkpoint': os.path.basename(checkpoint),
                          'record': record}
       save_best(self._logdir, checkpoint, self.state.best)
-    self.state.add(record, self._key, self._options.early_stopping_min_delta)
+    self.state.add(record, self._key, self._options.early_stopping_min_delta,
+                   self._options.early_stopping_start_step)
     write_history(self._logdir, self.state.records)
     self._write_summary(record, step)
     best = self.state.best
