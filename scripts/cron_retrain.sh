@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Nightly retraining: rebuild the TFRecords when the data folder changed,
-# train N more steps from the latest checkpoint within a time budget,
-# evaluate, and promote the new model (export + atomic switch of the
+# train N more steps from the latest checkpoint within a time budget, take
+# the best checkpoint the trainer's validation kept in train/best/ (or the
+# latest one), evaluate it, and promote it (export + atomic switch of the
 # `current` symlink) only when its mIoU did not drop by more than a margin.
 # This script takes the lock, runs the commands and moves the files; it asks
 # everything else (whether the settings are good, the data fingerprint, what
@@ -35,6 +36,11 @@ environment variable in brackets:
                          on deeplab-eval's scale) [MIOU_MARGIN, 0.005]
   --keep K               newest exports kept; the current one always is
                          [KEEP_EXPORTS, 5]
+  --candidate C          the checkpoint judged: best (the one deeplab-train's
+                         validation keeps in train/best/; needs
+                         --eval_interval_steps=N in TRAIN_EXTRA_FLAGS), latest,
+                         or auto: best/'s when training validates and best/
+                         holds one, else the latest [CANDIDATE, auto]
   -h, --help             this text
 
 Data (environment variables, with their defaults):
@@ -73,7 +79,7 @@ EOF
 # shellcheck disable=SC2034
 declare -A OPTIONS=([--data_dir]=DATA_DIR [--work_dir]=WORK_DIR
   [--steps]=STEPS_PER_RUN [--max_run_seconds]=MAX_RUN_SECONDS
-  [--margin]=MIOU_MARGIN [--keep]=KEEP_EXPORTS)
+  [--margin]=MIOU_MARGIN [--keep]=KEEP_EXPORTS [--candidate]=CANDIDATE)
 
 parse_args() {
   parse_options OPTIONS "$@"
@@ -100,6 +106,8 @@ set_defaults() {
   MIOU_MARGIN=${MIOU_MARGIN:-0.005}
   KEEP_EXPORTS=${KEEP_EXPORTS:-5}
   KEEP_LOGS=${KEEP_LOGS:-30}
+  CANDIDATE=${CANDIDATE:-auto}
+  TRAIN_EXTRA_FLAGS=${TRAIN_EXTRA_FLAGS:-}
   RECIPE=${RECIPE:-mobilenet_v2}
   PYTHON=${PYTHON:-python3}
 }
@@ -111,7 +119,7 @@ check_settings() {
   local name answer settings=()
   for name in DATA_DIR WORK_DIR NUM_CLASSES IGNORE_LABEL NUM_SHARDS \
     STEPS_PER_RUN MAX_TOTAL_STEPS MAX_RUN_SECONDS KEEP_EXPORTS KEEP_LOGS \
-    TRAIN_ONLY_ON_NEW_DATA MIOU_MARGIN; do
+    TRAIN_ONLY_ON_NEW_DATA MIOU_MARGIN CANDIDATE TRAIN_EXTRA_FLAGS; do
     settings+=("$name=${!name}")
   done
   if ! answer=$(policy check -- "${settings[@]}"); then
@@ -134,6 +142,7 @@ set_paths() {
   TFRECORDS_DIR=$WORK_DIR/tfrecords
   TFRECORD_LINK=$WORK_DIR/tfrecord
   TRAIN_LOGDIR=$WORK_DIR/train
+  BEST_DIR=$TRAIN_LOGDIR/best
   EVAL_LOGDIR=$WORK_DIR/eval
   EXPORTS_DIR=$WORK_DIR/exports
   CURRENT_LINK=$EXPORTS_DIR/current
@@ -273,10 +282,10 @@ train_more() {
     --max_run_seconds="$MAX_RUN_SECONDS"
     --result_json="$STATE_DIR/train_result.json")
   # Only for the first round: later rounds resume from train/ anyway.
-  if [[ -n ${INIT_CHECKPOINT:-} && -z $CHECKPOINT ]]; then
+  if [[ -n ${INIT_CHECKPOINT:-} && -z $LATEST_CHECKPOINT ]]; then
     flags+=(--tf_initial_checkpoint="$INIT_CHECKPOINT")
   fi
-  split_words extra "${TRAIN_EXTRA_FLAGS:-}"
+  split_words extra "$TRAIN_EXTRA_FLAGS"
   log "training $steps more steps (at most $MAX_RUN_SECONDS s)"
   run deeplab-train "${flags[@]}" ${extra[@]+"${extra[@]}"} || rc=$?
   TRAINER_EXIT_CODE=(--trainer_exit_code="$rc")
@@ -296,9 +305,10 @@ evaluate() {
   ((rc == 0)) || fail "deeplab-eval failed with exit status $rc on $checkpoint (see the log)"
 }
 
-# Exports $CHECKPOINT into exports/<stamp>-step<N>, with a copy of the
-# checkpoint and its metrics, then switches `current` to it; sets
-# EXPORT_NAME.
+# Exports $CHECKPOINT (in train/ or train/best/) into
+# exports/<stamp>-step<N>, with a copy of the checkpoint, the
+# deeplab_config.json beside it and its metrics, then switches `current` to
+# it; sets EXPORT_NAME.
 promote() {
   local name="$STAMP-step${FACTS[global_step]}" tmp extra rc=0
   [[ ! -e "$EXPORTS_DIR/$name" ]] || name+="-$$"
@@ -315,7 +325,8 @@ promote() {
   ((rc == 0)) || fail "deeplab-export failed with exit status $rc (see the log); current model untouched"
   # The checkpoint travels with the export so that a later run can
   # re-evaluate the current model when the evaluation data changes.
-  cp "$CHECKPOINT".* "$TRAIN_LOGDIR/deeplab_config.json" "$tmp/checkpoint/"
+  cp "$CHECKPOINT".* "$(dirname "$CHECKPOINT")/deeplab_config.json" \
+    "$tmp/checkpoint/"
   ask describe_export --export_dir="$tmp" --checkpoint="$CHECKPOINT" \
     --new_result="$EVAL_LOGDIR/new/result.json" --split="$EVAL_SPLIT"
   mv "$tmp" "$EXPORTS_DIR/$name"
@@ -347,6 +358,17 @@ judge() {
     --message="$message" ${promoted[@]+"${promoted[@]}"}
 }
 
+# Sets LATEST_CHECKPOINT and BEST_CHECKPOINT (the checkpoint deeplab-train's
+# validation keeps in best/), empty when there is none, and CHECKPOINT_FLAGS:
+# what the policy needs to choose the round's candidate among them.
+find_checkpoints() {
+  LATEST_CHECKPOINT=$(latest_checkpoint "$TRAIN_LOGDIR")
+  BEST_CHECKPOINT=$(latest_checkpoint "$BEST_DIR")
+  CHECKPOINT_FLAGS=(--checkpoint="$LATEST_CHECKPOINT"
+    --best_checkpoint="$BEST_CHECKPOINT" --candidate="$CANDIDATE"
+    --train_extra_flags="$TRAIN_EXTRA_FLAGS")
+}
+
 # --- main ------------------------------------------------------------------------
 
 main() {
@@ -368,7 +390,7 @@ main() {
   # the lock.
   rm -rf "$TFRECORDS_DIR"/.tmp-* "$EXPORTS_DIR"/.tmp-*
 
-  CHECKPOINT=$(latest_checkpoint "$TRAIN_LOGDIR")
+  find_checkpoints
   ask plan --state_dir="$STATE_DIR" --data_dir="$DATA_DIR" \
     --image_subdir="$IMAGE_SUBDIR" --label_subdir="$LABEL_SUBDIR" \
     --list_subdir="$LIST_SUBDIR" --train_split="$TRAIN_SPLIT" \
@@ -376,7 +398,7 @@ main() {
     --dataset_name="$DATASET_NAME" --num_classes="$NUM_CLASSES" \
     --ignore_label="$IGNORE_LABEL" --num_shards="$NUM_SHARDS" \
     --build_extra_flags="${BUILD_EXTRA_FLAGS:-}" --records="$TFRECORD_LINK" \
-    --checkpoint="$CHECKPOINT" --steps_per_run="$STEPS_PER_RUN" \
+    "${CHECKPOINT_FLAGS[@]}" --steps_per_run="$STEPS_PER_RUN" \
     --max_total_steps="$MAX_TOTAL_STEPS" \
     --train_only_on_new_data="$TRAIN_ONLY_ON_NEW_DATA" --log_folder="$LOG_DIR" \
     --log_file="$LOG_FILE" --keep_logs="$KEEP_LOGS"
@@ -388,10 +410,11 @@ main() {
   TRAINER_EXIT_CODE=()
   if ((steps > 0)); then
     train_more "$steps"
-    CHECKPOINT=$(latest_checkpoint "$TRAIN_LOGDIR")
+    find_checkpoints
   fi
-  ask candidate --state_dir="$STATE_DIR" --checkpoint="$CHECKPOINT" \
+  ask candidate --state_dir="$STATE_DIR" "${CHECKPOINT_FLAGS[@]}" \
     --trainer_logdir="$TRAIN_LOGDIR" ${TRAINER_EXIT_CODE[@]+"${TRAINER_EXIT_CODE[@]}"}
+  CHECKPOINT=${ANSWER[checkpoint]}
   judge
 }
 

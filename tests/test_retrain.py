@@ -92,6 +92,60 @@ def test_undecided_checkpoint_is_still_judged():
                     policy.Plan)
 
 
+def test_nothing_to_do_looks_at_the_candidate():
+  # best/ holds step 300, decided; the latest (step 400) never was judged,
+  # but it is not the candidate.
+  best = policy.Candidate(policy.BEST, 300, 'why')
+  budget = policy.Budget(steps_per_run=0, max_total_steps=5000)
+  outcome = policy.plan_round(FP, True, 400, _decided(300), budget, best)
+  assert outcome == policy.Outcome(
+      policy.EXIT_NOTHING_TO_DO, 'nothing_to_do', 'data unchanged, no steps '
+      'to train, checkpoint step 300 of best/ already evaluated')
+  latest = policy.Candidate(policy.LATEST, 400, 'why')
+  assert policy.plan_round(FP, True, 400, _decided(300), budget,
+                           latest) == policy.Plan(build=False, train_steps=0)
+  # The budget still counts from the latest checkpoint.
+  assert policy.plan_round(FP, True, 400, _decided(300), BUDGET,
+                           best) == policy.Plan(build=False, train_steps=1000)
+  none_yet = policy.Candidate(policy.BEST, None, 'why')
+  assert policy.plan_round(FP, True, 400, _decided(300), budget,
+                           none_yet).message == (
+                               'data unchanged, no steps to train and no '
+                               'checkpoint in best/ yet')
+
+
+# ---------------------------------------------------------------------------
+# choose_candidate: best/'s checkpoint or the latest.
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize('setting, validating, best, source, step, why', [
+    ('auto', True, 300, 'best', 300, 'training validates'),
+    ('auto', True, None, 'latest', 400, 'best/ holds no checkpoint yet'),
+    ('auto', False, 300, 'latest', 400, 'best/ is not kept up to date'),
+    ('auto', False, None, 'latest', 400, 'no --eval_interval_steps in '
+     'TRAIN_EXTRA_FLAGS'),
+    ('best', True, 300, 'best', 300, 'CANDIDATE=best'),
+    ('best', True, None, 'best', None, 'CANDIDATE=best'),
+    ('latest', True, 300, 'latest', 400, 'CANDIDATE=latest')])
+def test_choose_candidate(setting, validating, best, source, step, why):
+  candidate = policy.choose_candidate(setting, validating, 400, best)
+  assert (candidate.source, candidate.step) == (source, step)
+  assert why in candidate.reason
+
+
+def test_choose_candidate_refuses_an_unknown_setting():
+  with pytest.raises(ValueError, match='auto, best, latest'):
+    policy.choose_candidate('newest', True, 400, 300)
+
+
+def test_validation_is_read_from_the_extra_flags():
+  for flags in ('--eval_interval_steps=50', '--x=1 --eval_interval_steps 50',
+                '-eval_interval_steps=5'):
+    assert settings.validates_during_training(flags), flags
+  for flags in ('', None, '--eval_split=val', '--eval_interval_steps_x=5',
+                '--best_metric=miou'):
+    assert not settings.validates_during_training(flags), flags
+
+
 # ---------------------------------------------------------------------------
 # training_outcome: the trainer's exit code, read through its own table.
 # ---------------------------------------------------------------------------
@@ -147,6 +201,23 @@ def test_candidate_outcomes():
                                            '/w/train')
   assert no_checkpoint.status == 'failed'
   assert 'no checkpoint in /w/train' in no_checkpoint.message
+
+
+def test_candidate_outcomes_of_best():
+  unchanged = policy.candidate_outcome(10, FP, _decided(10), True, 't',
+                                       policy.BEST)
+  assert unchanged == policy.Outcome(0, 'unchanged', 'no new checkpoint '
+                                     '(still checkpoint step 10 of best/); '
+                                     'nothing to promote')
+  # CANDIDATE=best, and the run ended before its first validation.
+  no_best = policy.candidate_outcome(None, FP, policy.State(), True, 't',
+                                     policy.BEST)
+  assert (no_best.exit_code, no_best.status) == (0, 'unchanged')
+  assert 'no checkpoint in best/' in no_best.message
+  rebuilt = policy.candidate_outcome(None, FP, policy.State(), False, 't',
+                                     policy.BEST)
+  assert rebuilt.message == ('TFRecords rebuilt; no steps to train and no '
+                             'checkpoint in best/ yet')
 
 
 # ---------------------------------------------------------------------------
@@ -279,6 +350,11 @@ def test_summary_line():
                   '"a \\"b\\" \\\\c", "log": "/w/logs/cron-1.log", '
                   '"global_step": 6, "miou": 0.25, "current_miou": 1.0}')
   assert '\n' not in line
+  line = records.summary(0, 'kept', 'l', global_step=6,
+                         candidate_source='best', candidate_reason='why')
+  assert json.loads(line) == {'status': 'kept', 'exit_code': 0, 'log': 'l',
+                              'global_step': 6, 'candidate_source': 'best',
+                              'candidate_reason': 'why'}
   # An unexpected error has no message; facts not known are left out.
   assert json.loads(records.summary(1, 'failed', 'l')) == {
       'status': 'failed', 'exit_code': 1, 'log': 'l'}
@@ -305,7 +381,8 @@ GOOD_SETTINGS = dict(DATA_DIR='d', WORK_DIR='w', NUM_CLASSES='21',
                      IGNORE_LABEL='255', NUM_SHARDS='4', STEPS_PER_RUN='0',
                      MAX_TOTAL_STEPS='1', MAX_RUN_SECONDS='14400',
                      KEEP_EXPORTS='5', KEEP_LOGS='30',
-                     TRAIN_ONLY_ON_NEW_DATA='0', MIOU_MARGIN='.005')
+                     TRAIN_ONLY_ON_NEW_DATA='0', MIOU_MARGIN='.005',
+                     CANDIDATE='auto', TRAIN_EXTRA_FLAGS='')
 
 
 @pytest.mark.parametrize('name, value, message', [
@@ -318,11 +395,25 @@ GOOD_SETTINGS = dict(DATA_DIR='d', WORK_DIR='w', NUM_CLASSES='21',
     ('MIOU_MARGIN', '-0.1', "--margin must be a non-negative number, got "
      "'-0.1'"),
     ('MIOU_MARGIN', '1e-3', "--margin must be a non-negative number, got "
-     "'1e-3'")])
+     "'1e-3'"),
+    ('CANDIDATE', 'newest', "--candidate (or CANDIDATE) must be auto, best "
+     "or latest, got 'newest'"),
+    ('CANDIDATE', '', "--candidate (or CANDIDATE) must be auto, best or "
+     "latest, got ''"),
+    ('CANDIDATE', 'best', 'CANDIDATE=best needs validation during training, '
+     'which keeps best/: add --eval_interval_steps=N to TRAIN_EXTRA_FLAGS')])
 def test_bad_settings(name, value, message):
   assert settings.problem(GOOD_SETTINGS) is None
   assert settings.problem(dict(GOOD_SETTINGS, **{name: value})) == message
   assert set(GOOD_SETTINGS) == set(settings.NAMES)
+
+
+def test_good_candidate_settings():
+  for candidate in ('auto', 'latest', 'best'):
+    assert settings.problem(dict(
+        GOOD_SETTINGS, CANDIDATE=candidate,
+        TRAIN_EXTRA_FLAGS='--eval_interval_steps=100')) is None
+  assert settings.problem(dict(GOOD_SETTINGS, CANDIDATE='latest')) is None
 
 
 def _voc_folder(root):
@@ -476,7 +567,8 @@ def test_command_plans_a_round(tmp_path):
            '--list_subdir=ImageSets/Segmentation', '--train_split=train',
            '--eval_split=val', '--image_format=jpg', '--dataset_name=d',
            '--num_classes=21', '--ignore_label=255', '--num_shards=4',
-           '--records', tmp_path / 'tfrecord', '--steps_per_run=5',
+           '--records', tmp_path / 'tfrecord', '--candidate=auto',
+           '--steps_per_run=5',
            '--max_total_steps=100', '--log_folder', logs,
            '--log_file', logs / 'cron-20240103.log', '--keep_logs=1']
   fingerprint = data_folder.fingerprint(str(data), [
@@ -502,11 +594,17 @@ def test_command_candidate_and_conclusion(tmp_path):
   exports = tmp_path / 'exports'
   for name in ('20240101-000000-step2', '20240102-000000-step4'):
     (exports / name).mkdir(parents=True)
-  round_flags = ['--state_dir', tmp_path, '--fingerprint', FP]
+  round_flags = ['--state_dir', tmp_path, '--fingerprint', FP,
+                 '--candidate=auto']
   proc = _ask('candidate', '--checkpoint=/w/train/model.ckpt-4',
               '--trainer_logdir=/w/train', *round_flags)
-  assert proc.stdout.splitlines() == ['round.checkpoint_step=4',
-                                      'summary.global_step=4']
+  why = ('training does not validate (no --eval_interval_steps in '
+         'TRAIN_EXTRA_FLAGS)')
+  assert proc.stdout.splitlines() == [
+      'log=candidate: checkpoint step 4, /w/train/model.ckpt-4: ' + why,
+      'summary.candidate_source=latest', 'summary.candidate_reason=' + why,
+      'checkpoint=/w/train/model.ckpt-4', 'round.checkpoint_step=4',
+      'summary.global_step=4']
   proc = _ask('conclude', '--checkpoint_step=4', '--verdict=promote',
               '--message=m', '--export=20240102-000000-step4',
               '--exports_dir', exports, '--keep_exports=1', *round_flags)
@@ -518,3 +616,37 @@ def test_command_candidate_and_conclusion(tmp_path):
   proc = _ask('candidate', '--checkpoint=/w/train/model.ckpt-4',
               '--trainer_logdir=/w/train', *round_flags)
   assert proc.stdout.splitlines()[-3:-1] == ['exit_code=0', 'status=unchanged']
+
+
+def test_command_candidate_from_best(tmp_path):
+  flags = ['--state_dir', tmp_path, '--fingerprint', FP,
+           '--trainer_logdir=/w/train', '--checkpoint=/w/train/model.ckpt-9',
+           '--best_checkpoint=/w/train/best/model.ckpt-6',
+           '--train_extra_flags=--eval_interval_steps=3 --best_metric=miou']
+  proc = _ask('candidate', '--candidate=auto', *flags)
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stdout.splitlines()
+  assert lines[0] == (
+      'log=candidate: checkpoint step 6 of best/, '
+      '/w/train/best/model.ckpt-6 (the latest is step 9): training validates (--eval_interval_steps) '
+      'and best/ holds its best checkpoint')
+  assert lines[1:] == [
+      'summary.candidate_source=best', lines[2],
+      'checkpoint=/w/train/best/model.ckpt-6', 'round.checkpoint_step=6',
+      'summary.global_step=6']
+  proc = _ask('candidate', '--candidate=latest', *flags)
+  assert 'checkpoint=/w/train/model.ckpt-9' in proc.stdout.splitlines()
+  # CANDIDATE=best with an empty best/: nothing to judge.
+  proc = _ask('candidate', '--candidate=best',
+              *(flags[:-2] + ['--best_checkpoint=', flags[-1]]))
+  lines = proc.stdout.splitlines()
+  assert lines[0] == ('log=candidate: none, best/ holds no checkpoint '
+                      '(CANDIDATE=best)')
+  assert lines[-3:-1] == ['exit_code=0', 'status=rebuilt']
+  assert not [line for line in lines if line.startswith('checkpoint=')]
+  # The summary says which one and why.
+  proc = _ask('summary', '--exit_code=0', '--status=kept', '--log_file=l',
+              '--global_step=6', '--candidate_source=best',
+              '--candidate_reason=because')
+  assert json.loads(proc.stdout)['candidate_source'] == 'best'
+  assert json.loads(proc.stdout)['candidate_reason'] == 'because'

@@ -492,3 +492,45 @@ def test_cron_retrain_rounds(tmp_path):
   assert (cron.current / 'frozen_inference_graph.pb').is_file()
   assert os.readlink(cron.work / 'tfrecord') == records
   assert not list((cron.work / 'tfrecords').glob('.tmp-*'))
+
+
+@pytest.mark.slow
+def test_cron_promotes_the_best_checkpoint(tmp_path):
+  cron = Cron(tmp_path)
+  # A zero learning rate keeps the weights, so every validation scores the
+  # same mIoU and best/ keeps the first (a tie is no improvement): the best
+  # checkpoint is step 1, the latest step 3.
+  validating = dict(BASE_LEARNING_RATE=0, STEPS_PER_RUN=3,
+                    TRAIN_EXTRA_FLAGS='--eval_interval_steps=1')
+  proc, summary = cron.run(**validating)
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  train = cron.work / 'train'
+  best = json.loads((train / 'best' / 'best.json').read_text())
+  assert best['step'] == 1
+  assert 'model.ckpt-3' in (train / 'checkpoint').read_text()
+  assert summary['status'] == 'promoted' and summary['global_step'] == 1
+  assert summary['candidate_source'] == 'best'
+  assert 'training validates' in summary['candidate_reason']
+  assert cron.metrics()['global_step'] == best['step']
+  assert cron.current_target().endswith('-step1')
+  assert sorted(p.name for p in (cron.current / 'checkpoint').iterdir()) == [
+      'checkpoint', 'deeplab_config.json', 'model.ckpt-1.data-00000-of-00001',
+      'model.ckpt-1.index']
+  log = cron.log_of(summary)
+  assert ('candidate: checkpoint step 1 of best/, %s (the latest is step 3)'
+          % (train / 'best' / 'model.ckpt-1')) in log
+  assert '--checkpoint_path=%s' % (train / 'best' / 'model.ckpt-1') in log
+
+  # Nothing new to train or judge: best/'s step 1 was decided (the latest,
+  # step 3, never was, but it is not the candidate).
+  proc, summary = cron.run(TRAIN_ONLY_ON_NEW_DATA=1, **validating)
+  assert proc.returncode == 10, fake_voc.describe(proc)
+  assert summary['message'] == ('data unchanged, no steps to train, '
+                                'checkpoint step 1 of best/ already evaluated')
+
+  # CANDIDATE=best without validation is a bad setting.
+  proc, summary = cron.run(CANDIDATE='best')
+  assert proc.returncode == 1, fake_voc.describe(proc)
+  assert summary['status'] == 'failed'
+  assert '--eval_interval_steps=N to TRAIN_EXTRA_FLAGS' in summary['message']
+  assert cron.current_target().endswith('-step1')

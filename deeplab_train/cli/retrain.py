@@ -28,16 +28,22 @@ Questions (and the flags each needs, besides the facts):
              --image_subdir --label_subdir --list_subdir --train_split
              --eval_split --image_format --dataset_name --num_classes
              --ignore_label --num_shards [--build_extra_flags] --records
-             [--checkpoint] --steps_per_run --max_total_steps
+             [--checkpoint] [--best_checkpoint] --candidate
+             [--train_extra_flags] --steps_per_run --max_total_steps
              [--train_only_on_new_data] --log_folder --log_file --keep_logs
   built      stores --fingerprint as the data the TFRecords in use were
              built from; removes the other records. --state_dir
              --records_dir --records_in_use
   candidate  after training (--trainer_exit_code, read through the trainer's
              EXIT_CODES in deeplab_train/runtime/result.py) or without it:
-             round.checkpoint_step and summary.global_step of --checkpoint,
-             and the end unless it is to be judged. --state_dir [--checkpoint]
-             [--trainer_exit_code] --trainer_logdir
+             chooses by --candidate (CANDIDATE) between --checkpoint (the
+             latest) and --best_checkpoint (best/'s): checkpoint=PREFIX of
+             the one taken, a log line, summary.candidate_source and
+             summary.candidate_reason, round.checkpoint_step and
+             summary.global_step of it, and the end unless it is to be
+             judged. --state_dir [--checkpoint] [--best_checkpoint]
+             --candidate [--train_extra_flags] [--trainer_exit_code]
+             --trainer_logdir
   judge      action=promote|keep|reevaluate and message, from the new
              checkpoint's eval result and the current export's metrics.json
              (or --current_result, after action=reevaluate).
@@ -51,9 +57,10 @@ Questions (and the flags each needs, besides the facts):
              --exports_dir --keep_exports]
   summary    prints the round's JSON line, and writes it to --last_run
              unless the round was busy. --exit_code --status --log_file
-             [--message --last_run --global_step --miou --current_miou]
+             [--message --last_run --global_step --miou --current_miou
+             --candidate_source --candidate_reason]
 The facts: --fingerprint, --checkpoint_step, --global_step, --miou,
---current_miou.
+--current_miou, --candidate_source, --candidate_reason.
 
 Exit codes: 0 answered (the answer may be that the round failed), 1
 unexpected error, 2 bad flags or question.
@@ -77,10 +84,17 @@ COMMAND = 'python -m deeplab_train.retrain'
 # The round's facts.
 flags.DEFINE_string('state_dir', None, "The work folder's state/.")
 flags.DEFINE_string('fingerprint', None, "The data folder's fingerprint.")
-flags.DEFINE_integer('checkpoint_step', None, 'Global step of the latest '
-                     'checkpoint; unset when there is none.', lower_bound=0)
+flags.DEFINE_integer('checkpoint_step', None, 'Global step of the '
+                     'checkpoint judged (the latest one until the candidate '
+                     'is chosen); unset when there is none.', lower_bound=0)
 flags.DEFINE_string('checkpoint', None, 'The latest checkpoint prefix; '
                     'unset or empty when there is none.')
+# plan, candidate: which checkpoint the round judges.
+flags.DEFINE_string('best_checkpoint', None, "The checkpoint prefix in the "
+                    "train logdir's best/; unset or empty when there is none.")
+flags.DEFINE_enum('candidate', None, list(policy.CANDIDATE_SETTINGS),
+                  'CANDIDATE.')
+flags.DEFINE_string('train_extra_flags', '', 'TRAIN_EXTRA_FLAGS.')
 # plan: the data folder and its conversion settings, each named after the
 # script's variable (--image_subdir is IMAGE_SUBDIR); passed as the strings
 # the script has, since the fingerprint hashes them as they are.
@@ -136,6 +150,9 @@ flags.DEFINE_integer('global_step', None, 'The checkpoint judged.')
 flags.DEFINE_float('miou', None, "The checkpoint's mIoU.")
 flags.DEFINE_float('current_miou', None,
                    "The current model's mIoU it was compared with.")
+flags.DEFINE_enum('candidate_source', None, [policy.BEST, policy.LATEST],
+                  'Where the checkpoint judged was taken from.')
+flags.DEFINE_string('candidate_reason', None, 'Why it was taken from there.')
 
 
 def _end(outcome):
@@ -173,6 +190,35 @@ def _fingerprint():
       FLAGS.ignore_label, FLAGS.num_shards, FLAGS.build_extra_flags))
 
 
+def _choose_candidate():
+  """(the policy.Candidate, its checkpoint prefix or None), by --candidate
+  from --checkpoint and --best_checkpoint."""
+  best = FLAGS.best_checkpoint or None
+  candidate = policy.choose_candidate(
+      FLAGS.candidate,
+      settings.validates_during_training(FLAGS.train_extra_flags),
+      records.checkpoint_step(FLAGS.checkpoint),
+      records.checkpoint_step(best))
+  if candidate.source == policy.BEST:
+    return candidate, best
+  return candidate, FLAGS.checkpoint or None
+
+
+def _candidate_line(candidate, checkpoint):
+  """The log line that says which checkpoint the round judges, and why."""
+  if candidate.step is None:
+    return 'candidate: none, %s (%s)' % (
+        'best/ holds no checkpoint' if candidate.source == policy.BEST
+        else 'no checkpoint', candidate.reason)
+  latest = records.checkpoint_step(FLAGS.checkpoint)
+  return 'candidate: %s, %s%s: %s' % (
+      policy.describe_checkpoint(candidate.source, candidate.step),
+      checkpoint,
+      ' (the latest is step %d)' % latest
+      if candidate.source == policy.BEST and latest is not None else '',
+      candidate.reason)
+
+
 def _plan(answer, unused_args):
   _removals(answer, FLAGS.log_folder,
             state.names_in(FLAGS.log_folder, 'cron-*.log', state.FILES),
@@ -188,8 +234,10 @@ def _plan(answer, unused_args):
   budget = policy.Budget(steps_per_run=FLAGS.steps_per_run,
                          max_total_steps=FLAGS.max_total_steps,
                          only_on_new_data=FLAGS.train_only_on_new_data)
+  candidate, _ = _choose_candidate()
   decision = policy.plan_round(fingerprint, state.records_ready(FLAGS.records),
-                               step, state.load(FLAGS.state_dir), budget)
+                               step, state.load(FLAGS.state_dir), budget,
+                               candidate)
   if isinstance(decision, policy.Outcome):
     answer.extend(_end(decision))
   else:
@@ -222,13 +270,17 @@ def _candidate(answer, unused_args):
       answer.extend(_end(outcome))
       return
     state.record(FLAGS.state_dir, state.TRAINED, FLAGS.fingerprint)
-  step = records.checkpoint_step(FLAGS.checkpoint)
-  if step is not None:
-    answer.extend([('round.checkpoint_step', step),
-                   ('summary.global_step', step)])
+  candidate, checkpoint = _choose_candidate()
+  answer.extend([('log', _candidate_line(candidate, checkpoint)),
+                 ('summary.candidate_source', candidate.source),
+                 ('summary.candidate_reason', candidate.reason)])
+  if candidate.step is not None:
+    answer.extend([('checkpoint', checkpoint),
+                   ('round.checkpoint_step', candidate.step),
+                   ('summary.global_step', candidate.step)])
   outcome = policy.candidate_outcome(
-      step, FLAGS.fingerprint, state.load(FLAGS.state_dir), trained,
-      FLAGS.trainer_logdir)
+      candidate.step, FLAGS.fingerprint, state.load(FLAGS.state_dir), trained,
+      FLAGS.trainer_logdir, candidate.source)
   if outcome is not None:
     answer.extend(_end(outcome))
 
@@ -283,7 +335,9 @@ def _conclude(answer, unused_args):
 def _summary(unused_answer, unused_args):
   line = records.summary(FLAGS.exit_code, FLAGS.status, FLAGS.log_file,
                          message=FLAGS.message, global_step=FLAGS.global_step,
-                         miou=FLAGS.miou, current_miou=FLAGS.current_miou)
+                         miou=FLAGS.miou, current_miou=FLAGS.current_miou,
+                         candidate_source=FLAGS.candidate_source,
+                         candidate_reason=FLAGS.candidate_reason)
   if FLAGS.last_run and records.keeps_summary(FLAGS.status):
     try:
       state.write_summary(FLAGS.last_run, line)
@@ -297,12 +351,12 @@ def _summary(unused_answer, unused_args):
 _QUESTIONS = {
     'check': (_check, (), True),
     'plan': (_plan, ('state_dir',) + DATA_SETTINGS + (
-        'records', 'steps_per_run', 'max_total_steps', 'log_folder',
-        'log_file', 'keep_logs'), False),
+        'records', 'candidate', 'steps_per_run', 'max_total_steps',
+        'log_folder', 'log_file', 'keep_logs'), False),
     'built': (_built, ('state_dir', 'fingerprint', 'records_dir',
                        'records_in_use'), False),
-    'candidate': (_candidate, ('state_dir', 'fingerprint', 'trainer_logdir'),
-                  False),
+    'candidate': (_candidate, ('state_dir', 'fingerprint', 'candidate',
+                               'trainer_logdir'), False),
     'judge': (_judge, ('fingerprint', 'checkpoint_step', 'new_result',
                        'current_export', 'margin', 'split'), False),
     'describe_export': (_describe_export, ('export_dir', 'checkpoint',

@@ -9,6 +9,7 @@ tested without training anything:
                      nothing to do at all
   training_outcome   how the round ends when deeplab-train failed, read
                      through the trainer's own exit-code table
+  choose_candidate   the checkpoint to judge: best/'s or the latest one
   candidate_outcome  whether there is a new checkpoint to judge
   judge              promote, keep, or first re-measure the current model
   conclusion         how a round that judged a checkpoint ends
@@ -49,6 +50,14 @@ TRAINER_NON_FINITE_LOSS = 'non_finite_loss'
 TRAINER_LOCKED = 'locked'
 TRAINER_STATUSES = (TRAINER_OK, TRAINER_BAD_INPUT, TRAINER_NON_FINITE_LOSS,
                     TRAINER_LOCKED)
+
+# Which checkpoint a round judges (the CANDIDATE setting, Candidate.source):
+# the one the trainer's validation keeps in <train_logdir>/best/, or the
+# latest; AUTO takes best/'s when training validates and best/ holds one.
+AUTO = 'auto'
+BEST = 'best'
+LATEST = 'latest'
+CANDIDATE_SETTINGS = (AUTO, BEST, LATEST)
 
 # What to do with a new checkpoint (Verdict.action).
 PROMOTE = 'promote'
@@ -114,6 +123,73 @@ class Budget:
 
 
 @dataclasses.dataclass(frozen=True)
+class Candidate:
+  """The checkpoint a round judges, as choose_candidate() picks it.
+
+  Attributes:
+    source: BEST (the checkpoint in <train_logdir>/best/) or LATEST (the
+      train logdir's latest checkpoint).
+    step: its global step, None when there is no such checkpoint.
+    reason: why this one, for the log and the summary.
+  """
+  source: str
+  step: Optional[int]
+  reason: str
+
+
+def choose_candidate(setting, validating, latest_step, best_step):
+  """Which checkpoint the round judges: best/'s or the latest.
+
+  Args:
+    setting: CANDIDATE, one of CANDIDATE_SETTINGS.
+    validating: whether deeplab-train validates during training (keeps
+      best/ up to date): TRAIN_EXTRA_FLAGS has --eval_interval_steps.
+    latest_step: global step of the train logdir's latest checkpoint, None
+      without one.
+    best_step: global step of best/'s checkpoint, None without one.
+
+  Returns:
+    A Candidate. AUTO takes best/'s checkpoint only when training validates
+    (a best/ left by earlier runs that validated is not kept up to date by
+    runs that do not) and best/ holds one, else the latest; BEST and LATEST
+    take that one, even when it does not exist (step None).
+
+  Raises:
+    ValueError: an unknown setting.
+  """
+  if setting == BEST:
+    return Candidate(BEST, best_step, 'CANDIDATE=best')
+  if setting == LATEST:
+    return Candidate(LATEST, latest_step, 'CANDIDATE=latest')
+  if setting != AUTO:
+    raise ValueError('CANDIDATE is one of %s, not %r'
+                     % (', '.join(CANDIDATE_SETTINGS), setting))
+  if not validating:
+    return Candidate(LATEST, latest_step, 'training does not validate (no '
+                     '--eval_interval_steps in TRAIN_EXTRA_FLAGS)%s' % (
+                         '' if best_step is None
+                         else ', so best/ is not kept up to date'))
+  if best_step is None:
+    return Candidate(LATEST, latest_step, 'training validates but best/ '
+                     'holds no checkpoint yet')
+  return Candidate(BEST, best_step, 'training validates '
+                   '(--eval_interval_steps) and best/ holds its best '
+                   'checkpoint')
+
+
+def describe_checkpoint(source, step):
+  """How messages name a candidate: 'checkpoint step 5', with ' of best/'
+  for best/'s."""
+  return 'checkpoint step %d%s' % (step, ' of best/' if source == BEST
+                                   else '')
+
+
+def _none_yet(source):
+  """How messages say that the candidate does not exist."""
+  return 'no checkpoint in best/ yet' if source == BEST else 'no checkpoint yet'
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
   """The work of a round before evaluation."""
   build: bool
@@ -138,33 +214,40 @@ def steps_to_train(step, fingerprint, state, budget):
   return max(0, min(budget.steps_per_run, budget.max_total_steps - step))
 
 
-def plan_round(fingerprint, records_ready, checkpoint_step, state, budget):
+def plan_round(fingerprint, records_ready, checkpoint_step, state, budget,
+               candidate=None):
   """Where a round starts.
 
   Args:
     fingerprint: the data folder's fingerprint now.
     records_ready: whether the TFRecords in use exist.
-    checkpoint_step: global step of the latest checkpoint, None without one.
+    checkpoint_step: global step of the latest checkpoint, None without one
+      (training goes on from it).
     state: State of earlier rounds.
     budget: Budget of the round.
+    candidate: the Candidate the round would judge without training
+      (choose_candidate()); None: the latest checkpoint.
 
   Returns:
     A Plan, or the Outcome `nothing_to_do` when there is nothing to build,
     nothing to train and no checkpoint left to judge on this data.
   """
+  if candidate is None:
+    candidate = Candidate(LATEST, checkpoint_step, 'the latest')
   plan = Plan(build=needs_build(fingerprint, state, records_ready),
               train_steps=steps_to_train(checkpoint_step or 0, fingerprint,
                                          state, budget))
   if plan.build or plan.train_steps:
     return plan
-  if checkpoint_step is None:
+  if candidate.step is None:
     return Outcome(EXIT_NOTHING_TO_DO, NOTHING_TO_DO,
-                   'data unchanged, no steps to train and no checkpoint yet')
-  if already_decided(state, checkpoint_step, fingerprint):
+                   'data unchanged, no steps to train and %s'
+                   % _none_yet(candidate.source))
+  if already_decided(state, candidate.step, fingerprint):
     return Outcome(EXIT_NOTHING_TO_DO, NOTHING_TO_DO,
-                   'data unchanged, no steps to train, checkpoint step %d '
-                   'already evaluated' % checkpoint_step)
-  return plan   # only the latest checkpoint is left to judge
+                   'data unchanged, no steps to train, %s already evaluated'
+                   % describe_checkpoint(candidate.source, candidate.step))
+  return plan   # only the candidate is left to judge
 
 
 def trainer_status(exit_code, trainer_exit_codes):
@@ -210,30 +293,38 @@ def training_outcome(exit_code, trainer_exit_codes, train_logdir):
 
 
 def candidate_outcome(checkpoint_step, fingerprint, state, trained,
-                      train_logdir):
-  """Whether the latest checkpoint is still to be judged, after training.
+                      train_logdir, source=LATEST):
+  """Whether the candidate is still to be judged, after training.
 
   Args:
-    checkpoint_step: global step of the latest checkpoint, None without one.
+    checkpoint_step: global step of the candidate (Candidate.step), None
+      without one.
     fingerprint: the data folder's fingerprint.
     state: State of earlier rounds.
     trained: whether this round ran deeplab-train.
     train_logdir: the trainer's logdir, for messages.
+    source: the candidate's Candidate.source.
 
   Returns:
     None when the checkpoint is to be evaluated and judged, else the
-    Outcome: failed (training left no checkpoint), rebuilt (the records
-    were rebuilt and there is no checkpoint) or unchanged (this checkpoint
-    was already judged on this data).
+    Outcome: failed (training left no checkpoint), unchanged (training
+    left no best/ checkpoint with CANDIDATE=best, or this checkpoint was
+    already judged on this data) or rebuilt (the records were rebuilt and
+    there is no checkpoint).
   """
   if checkpoint_step is None:
+    if trained and source == BEST:
+      return Outcome(EXIT_SUCCESS, UNCHANGED, 'CANDIDATE=best and training '
+                     'left no checkpoint in best/ yet (it is written by the '
+                     'first validation); nothing to promote')
     if trained:
       return failed('deeplab-train wrote no checkpoint in %s' % train_logdir)
     return Outcome(EXIT_SUCCESS, REBUILT, 'TFRecords rebuilt; no steps to '
-                   'train and no checkpoint to evaluate')
+                   'train and %s' % _none_yet(source))
   if already_decided(state, checkpoint_step, fingerprint):
-    return Outcome(EXIT_SUCCESS, UNCHANGED, 'no new checkpoint (still step '
-                   '%d); nothing to promote' % checkpoint_step)
+    return Outcome(EXIT_SUCCESS, UNCHANGED, 'no new checkpoint (still %s); '
+                   'nothing to promote'
+                   % describe_checkpoint(source, checkpoint_step))
   return None
 
 

@@ -115,7 +115,8 @@ def keeps_summary(status):
 
 
 def summary(exit_code, status, log, message=None, global_step=None,
-            miou=None, current_miou=None):
+            miou=None, current_miou=None, candidate_source=None,
+            candidate_reason=None):
   """The JSON line a round ends with (also written to last_run.json).
 
   Args:
@@ -126,6 +127,9 @@ def summary(exit_code, status, log, message=None, global_step=None,
     global_step: the checkpoint judged, if the round got that far.
     miou: its mIoU, if measured.
     current_miou: the current model's mIoU it was compared with, if it was.
+    candidate_source: where the checkpoint judged was taken from
+      (policy.BEST or policy.LATEST), if the round chose one.
+    candidate_reason: why (policy.Candidate.reason).
 
   Returns:
     One line of JSON, without the newline: status, exit_code, message, log,
@@ -136,7 +140,9 @@ def summary(exit_code, status, log, message=None, global_step=None,
     fields['message'] = message
   fields['log'] = log
   for key, value in (('global_step', global_step), ('miou', miou),
-                     ('current_miou', current_miou)):
+                     ('current_miou', current_miou),
+                     ('candidate_source', candidate_source),
+                     ('candidate_reason', candidate_reason)):
     if value is not None:
       fields[key] = value
   return json.dumps(fields)
