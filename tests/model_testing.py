@@ -18,11 +18,20 @@ from deeplab_train.model import layers
 MANIFEST_NAMES = (
     'mobilenet_v2_os8',
     'mobilenet_v2_os16_dec4',
+    'mobilenet_v3_large_seg',
+    'mobilenet_v3_small_seg',
+    'mobilenet_edgetpu',
+    'mobilenet_edgetpu_slim',
     'xception_41',
     'xception_65',
     'xception_71',
+    'xception_71_dpc',
     'resnet_v1_50_beta',
     'resnet_v1_101_beta',
+    'resnet_v1_18',
+    'resnet_v1_18_beta',
+    'nas_pnasnet',
+    'nas_hnasnet',
 )
 
 
@@ -66,6 +75,7 @@ def options_from_manifest_config(config):
       image_se_uses_qsigmoid=config.get('image_se_uses_qsigmoid', False),
       decoder_use_sum_merge=config.get('decoder_use_sum_merge', False),
       decoder_output_is_logits=config.get('decoder_output_is_logits', False),
+      dense_prediction_cell_config=config.get('dense_prediction_cell_config'),
       **_nas_options(config),
   ).validate()
 

@@ -26,6 +26,10 @@ tf = mt.tf
 # References with a numeric check (a folder under tests/reference/).
 REFERENCES = (
     'mobilenet_v2_os8',
+    'mobilenet_v3_large_seg',
+    'mobilenet_edgetpu',
+    'resnet_v1_18_beta',
+    'nas_pnasnet',
 )
 MIN_PIXEL_AGREEMENT = 0.99
 LOGITS_ATOL = 1e-3

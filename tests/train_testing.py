@@ -67,6 +67,34 @@ def constant_input_fn(images, labels):
   return input_fn
 
 
+def train_steps(options, watched, steps=2, batch=2, train_options=None):
+  """Trains `options` (crop_size set, square) `steps` steps on CPU from a
+  fresh initialisation (seed 0, batch norm trained) on a constant synthetic
+  batch.
+
+  Returns:
+    (the total loss of each step, the global step after them, the values of
+    variable `watched` (an op name) before and after).
+  """
+  # pylint: disable-next=g-import-not-at-top
+  from deeplab_train.train import graph as graph_lib
+  size = options.crop_size[0]
+  train = train_options or config.TrainOptions(
+      train_batch_size=batch, fine_tune_batch_norm=True, seed=0).validate()
+  images, labels = synthetic_batch(batch, size,
+                                   num_classes=options.num_classes)
+  g = graph_lib.build_training_graph(
+      options, train, ignore_label=255,
+      input_fn=constant_input_fn(images, labels), device_pattern='/cpu:%d')
+  variables = g.graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
+  (weights,) = [v for v in variables if v.op.name == watched]
+  with tf.Session(graph=g.graph) as sess:
+    sess.run(tf.variables_initializer(variables))
+    before = sess.run(weights)
+    losses = [sess.run([g.train_op, g.total_loss])[1] for _ in range(steps)]
+    return losses, int(sess.run(g.global_step)), (before, sess.run(weights))
+
+
 def make_tfrecords(out_dir, count=4, split='train', num_classes=NUM_CLASSES):
   """A few sample images converted with the data package's converter."""
   entries = [build.Entry('train_%04d' % i,

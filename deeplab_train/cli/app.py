@@ -84,6 +84,12 @@ def report_result(command, result, result_json=None, flag_names=None):
   return True
 
 
+# Option fields of every command whose flag is not named after the field.
+SHARED_FLAG_NAMES = {
+    'ModelOptions.dense_prediction_cell_config': 'dense_prediction_cell_json',
+}
+
+
 def flag_namer(flag_names=None):
   """fn('owner.field') -> '--flag' for messages.
 
@@ -91,7 +97,7 @@ def flag_namer(flag_names=None):
     flag_names: {'owner.field': 'flag_name'} where the flag is not named
       after the field (a command's FLAG_NAMES).
   """
-  flag_names = flag_names or {}
+  flag_names = dict(SHARED_FLAG_NAMES, **(flag_names or {}))
   return lambda field: '--' + flag_names.get(field,
                                              errors.field_name(field))
 

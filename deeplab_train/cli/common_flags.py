@@ -104,6 +104,11 @@ _MODEL_TABLE = (
      'Use the NAS backbone\'s classification head.'),
     ('boolean', 'nas_remove_os32_stride', False,
      'Remove the stride of the NAS backbone\'s output stride 32 cell.'),
+    ('string', 'dense_prediction_cell_json', '',
+     'A JSON file describing the dense prediction cell that replaces ASPP; '
+     'deeplab/core/dense_prediction_cell_branch5_top1_cityscapes.json (the '
+     'original\'s path) or that bare file name give the model zoo\'s cell, '
+     'shipped with deeplab-train. Empty: ASPP.'),
 )
 flag_table.define(_DATASET_TABLE, _RESIZE_TABLE, _MODEL_TABLE)
 
@@ -120,6 +125,9 @@ _MODEL_FLAGS = (
     'image_se_uses_qsigmoid', 'decoder_use_sum_merge',
     'decoder_output_is_logits', 'nas_stem_output_num_conv_filters',
     'nas_use_classification_head', 'nas_remove_os32_stride')
+# ModelOptions fields set from a flag of another name, by reading it.
+_MODEL_FIELD_FLAGS = {'dense_prediction_cell_config':
+                      'dense_prediction_cell_json'}
 _RESIZE_FLAGS = ('min_resize_value', 'max_resize_value', 'resize_factor')
 
 
@@ -158,7 +166,26 @@ def _flag_model_values(defaults=None):
   for name in ('decoder_output_stride', 'image_pooling_crop_size',
                'image_pooling_stride'):
     values[name] = parse_int_list(values[name], name)
+  values['dense_prediction_cell_config'] = dense_prediction_cell()
   return values
+
+
+def dense_prediction_cell():
+  """The cell of --dense_prediction_cell_json (read now), or None.
+
+  Raises:
+    config.ConfigError: the file is missing, unreadable or not a valid cell.
+  """
+  # pylint: disable=g-import-not-at-top
+  from deeplab_train.model import dense_prediction_cell as cell_lib
+  path = FLAGS.dense_prediction_cell_json
+  if not path:
+    return None
+  try:
+    return cell_lib.load_cell(path)
+  except config.ConfigError as e:
+    raise config.ConfigError('--dense_prediction_cell_json=%s: %s', path,
+                             str(e)) from None
 
 
 def explicitly_set(name):
@@ -192,9 +219,9 @@ def model_options(num_classes, crop_size, saved=None, defaults=None,
     conflicts = []
     for name, value in values.items():
       saved_value = getattr(saved, name)
-      if explicitly_set(name) and _normalise(value) != _normalise(saved_value):
-        conflicts.append('--%s=%s (trained with %s)'
-                         % (name, _show(value), _show(saved_value)))
+      flag = _MODEL_FIELD_FLAGS.get(name, name)
+      if explicitly_set(flag) and _normalise(value) != _normalise(saved_value):
+        conflicts.append(_conflict(flag, value, saved_value))
     problems = []
     if conflicts:
       problems.append(
@@ -242,6 +269,15 @@ def resize_values(saved=None):
   return {n: getattr(saved, n) for n in _RESIZE_FLAGS}
 
 
+def _conflict(flag, value, saved_value):
+  """'--flag=VALUE (trained with SAVED)' for a contradicting flag."""
+  if flag in _MODEL_FIELD_FLAGS.values():
+    # A file's contents: name the file, say what was trained.
+    trained = 'another cell' if saved_value else 'ASPP, no cell'
+    return '--%s=%s (trained with %s)' % (flag, FLAGS[flag].value, trained)
+  return '--%s=%s (trained with %s)' % (flag, _show(value), _show(saved_value))
+
+
 def _normalise(value):
   if isinstance(value, (list, tuple)):
     return tuple(value)
@@ -254,3 +290,4 @@ def _show(value):
   if isinstance(value, (list, tuple)):
     return ','.join(str(v) for v in value)
   return str(value)
+

@@ -95,12 +95,14 @@ _LOSS_TABLE = (
     ('boolean', 'save_summaries_images', False,
      'Save sample inputs, labels, and semantic predictions as images to '
      'summary.'),
+    ('float', 'drop_path_keep_prob', 1.0,
+     'NAS backbones only: probability to keep each path in the cells when '
+     'training; the last cell reaches it at training_number_of_steps, '
+     'earlier cells and steps keep more (needs fine_tune_batch_norm).'),
 )
 
 # The original's options for what deeplab-train does not support.
 _UNSUPPORTED_TABLE = (
-    ('float', 'drop_path_keep_prob', 1.0,
-     'NAS drop path (NAS backbones are not supported: only 1.0 is accepted).'),
     ('integer', 'quantize_delay_step', -1,
      'Quantised training (not supported: only -1 is accepted).'),
 )
@@ -201,9 +203,6 @@ _TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(config.TrainOptions))
 
 def check_unsupported():
   """Refuses the original's flags for features deeplab-train lacks."""
-  if FLAGS.drop_path_keep_prob != 1.0:
-    raise config.ConfigError('--drop_path_keep_prob is for NAS backbones, '
-                             'which deeplab-train does not support')
   if FLAGS.quantize_delay_step >= 0:
     raise config.ConfigError('--quantize_delay_step: quantised training is '
                              'not supported')

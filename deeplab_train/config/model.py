@@ -5,12 +5,18 @@ import dataclasses
 from typing import Optional, Tuple
 
 from deeplab_train.config.errors import check
+from deeplab_train.config.errors import ConfigError
 from deeplab_train.config.serialize import JsonMixin
 from deeplab_train.config.serialize import set_field
 from deeplab_train.config.serialize import tuple_or_none
 
 OUTPUT_STRIDES = (4, 8, 16, 32)
 MERGE_METHODS = ('max', 'avg')
+# The keys of each kind of dense prediction cell operation.
+CELL_OPERATION_KEYS = {'conv': ('op', 'input', 'kernel', 'rate'),
+                       'pyramid_pooling': ('op', 'input', 'grid_size')}
+# The cell's rates are for this output stride (scaled for smaller ones).
+CELL_RATES_OUTPUT_STRIDE = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,12 +46,17 @@ class ModelOptions(JsonMixin):
       concatenation.
     aspp_with_squeeze_and_excitation: the image pooling branch gates the
       ASPP output (squeeze-and-excitation) instead of being concatenated.
-    image_se_uses_qsigmoid: that gate is a hard sigmoid, relu6(x + 3) / 6.
+    image_se_uses_qsigmoid: that gate is a hard sigmoid,
+      relu6(x + 3) * 0.16667 (the original's constant).
     decoder_use_sum_merge: the decoder adds its projected features to the
       upsampled ones instead of concatenating them.
     decoder_output_is_logits: the decoder's last layer gives the logits.
     nas_stem_output_num_conv_filters / nas_use_classification_head /
       nas_remove_os32_stride: the NAS backbones' architecture options.
+    dense_prediction_cell_config: the dense prediction cell that replaces
+      ASPP (the original's --dense_prediction_cell_json, held here itself,
+      not as a path): a tuple of CellOperation, see
+      `dense_prediction_cell_problem`; None for ASPP.
   """
   num_classes: int = 21
   model_variant: str = 'mobilenet_v2'
@@ -77,6 +88,7 @@ class ModelOptions(JsonMixin):
   nas_stem_output_num_conv_filters: int = 20
   nas_use_classification_head: bool = False
   nas_remove_os32_stride: bool = False
+  dense_prediction_cell_config: Optional[Tuple['CellOperation', ...]] = None
 
   def __post_init__(self):
     # Normalise sequences (lists from JSON, strings from flags) to tuples so
@@ -89,6 +101,8 @@ class ModelOptions(JsonMixin):
     set_field(self, 'image_pooling_stride',
               tuple_or_none(self.image_pooling_stride))
     set_field(self, 'depth_multiplier', float(self.depth_multiplier))
+    set_field(self, 'dense_prediction_cell_config',
+              normalized_cell(self.dense_prediction_cell_config))
 
   def validate(self):
     """Raises ConfigError naming the offending field; returns self."""
@@ -113,4 +127,178 @@ class ModelOptions(JsonMixin):
           '{ModelOptions.depth_multiplier} must be > 0')
     check(self.logits_kernel_size >= 1,
           '{ModelOptions.logits_kernel_size} must be >= 1')
+    self._validate_mobilenet_v3_head()
+    if self.dense_prediction_cell_config is not None:
+      self._validate_cell()
     return self
+
+  def _validate_mobilenet_v3_head(self):
+    """The head options of MobileNetV3 fit the rest of the network."""
+    for name in ('decoder_use_sum_merge', 'decoder_output_is_logits'):
+      check(not getattr(self, name) or self.decoder_output_stride,
+            '{ModelOptions.%s} needs a decoder: set '
+            '{ModelOptions.decoder_output_stride} (e.g. 8)' % name)
+    check(not self.decoder_output_is_logits
+          or self.decoder_filters == self.num_classes,
+          'with {ModelOptions.decoder_output_is_logits} the decoder gives the '
+          'logits: {ModelOptions.decoder_filters}=%d must equal '
+          '{ModelOptions.num_classes}=%d'
+          % (self.decoder_filters, self.num_classes))
+    if self.aspp_with_squeeze_and_excitation:
+      check(self.add_image_level_feature,
+            '{ModelOptions.aspp_with_squeeze_and_excitation} gates the ASPP '
+            'with the image pooling branch: it needs '
+            '{ModelOptions.add_image_level_feature}')
+    check(not self.image_se_uses_qsigmoid
+          or self.aspp_with_squeeze_and_excitation,
+          '{ModelOptions.image_se_uses_qsigmoid} only changes the gate of '
+          '{ModelOptions.aspp_with_squeeze_and_excitation}, which is off')
+    for name, value in (('aspp_with_squeeze_and_excitation', True),
+                        ('aspp_with_concat_projection', False)):
+      check(getattr(self, name) != value or self.aspp_with_batch_norm,
+            '{ModelOptions.%s}=%s changes the ASPP, which '
+            '{ModelOptions.aspp_with_batch_norm}=false leaves out'
+            % (name, str(value).lower()))
+    # Without the projection the gate multiplies the concatenated branches:
+    # only aspp0 has the gate's aspp_convs_filters channels.
+    check(not (self.aspp_with_squeeze_and_excitation
+               and not self.aspp_with_concat_projection
+               and self.atrous_rates),
+          '{ModelOptions.atrous_rates} must be empty when '
+          '{ModelOptions.aspp_with_squeeze_and_excitation} is on and '
+          '{ModelOptions.aspp_with_concat_projection} off: the gate has '
+          '{ModelOptions.aspp_convs_filters} channels, the concatenated '
+          'branches more')
+
+  def _validate_cell(self):
+    problem = dense_prediction_cell_problem(self.dense_prediction_cell_config)
+    if problem:
+      raise ConfigError('{ModelOptions.dense_prediction_cell_config} is not '
+                        'a valid dense prediction cell: %s', problem)
+    check(self.output_stride <= CELL_RATES_OUTPUT_STRIDE,
+          '{ModelOptions.output_stride} must be 4, 8 or 16 with a dense '
+          'prediction cell (its rates are scaled by 16 / output_stride), '
+          'got %d' % self.output_stride)
+
+
+class CellOperation(dict):
+  """One operation of a dense prediction cell, e.g. {'op': 'conv',
+  'kernel': 3, 'rate': (1, 6), 'input': -1}.
+
+  A read-only, hashable dict (so ModelOptions stays hashable) that JSON
+  writes as the object of the cell file.
+  """
+
+  def __hash__(self):
+    return hash(tuple(sorted(self.items())))
+
+  def __reduce__(self):
+    return type(self), (dict(self),)
+
+  def _read_only(self, *unused_args, **unused_kwargs):
+    raise TypeError('a dense prediction cell operation is read-only')
+
+  __setitem__ = __delitem__ = __ior__ = _read_only
+  clear = pop = popitem = setdefault = update = _read_only
+
+
+def normalized_cell(cell):
+  """A cell as ModelOptions holds it: a tuple of CellOperation whose list
+  values are tuples. None stays None; what is not a list of objects is
+  left as it is for `dense_prediction_cell_problem` to report."""
+  if not isinstance(cell, (list, tuple)):
+    return cell
+  return tuple(
+      CellOperation((k, _frozen(v)) for k, v in op.items())
+      if isinstance(op, dict) else op for op in cell)
+
+
+def _frozen(value):
+  if isinstance(value, (list, tuple)):
+    return tuple(_frozen(v) for v in value)
+  return value
+
+
+def dense_prediction_cell_problem(cell):
+  """What is wrong with a dense prediction cell description, or None.
+
+  A cell is a non-empty list of operations. Operation i is an object with
+  'input': -1 (the backbone features) or the index of an earlier operation,
+  and 'op': either 'conv' with 'kernel' (an integer or [height, width];
+  1 is a 1x1 conv, anything else a separable conv) and 'rate' (an integer
+  or [height, width], the atrous rates at output stride 16; needed unless
+  the kernel is 1x1), or 'pyramid_pooling' with 'grid_size' ([rows,
+  columns] of the pooling grid).
+
+  Args:
+    cell: the description (lists or tuples, dicts).
+
+  Returns:
+    A message naming the bad operation, or None for a valid cell.
+  """
+  if not isinstance(cell, (list, tuple)):
+    return 'a cell is a list of operations, got %r' % (cell,)
+  if not cell:
+    return 'a cell needs at least one operation'
+  for index, operation in enumerate(cell):
+    problem = _cell_operation_problem(operation, index)
+    if problem:
+      return 'operation %d (%s): %s' % (index, _shown(operation), problem)
+  return None
+
+
+def _shown(operation):
+  if isinstance(operation, dict):
+    return ', '.join('%s: %s' % (k, _shown(v)) for k, v in operation.items())
+  if isinstance(operation, (list, tuple)):
+    return '[%s]' % ', '.join(_shown(v) for v in operation)
+  return repr(operation) if isinstance(operation, str) else str(operation)
+
+
+def _cell_operation_problem(operation, index):
+  if not isinstance(operation, dict):
+    return 'an operation is an object with the keys op, input, ...'
+  kind = operation.get('op')
+  if kind not in CELL_OPERATION_KEYS:
+    return 'unknown op %r; known: %s' % (kind, ', '.join(CELL_OPERATION_KEYS))
+  unknown = sorted(set(operation) - set(CELL_OPERATION_KEYS[kind]))
+  if unknown:
+    return 'unknown key(s) %s for op %r; its keys: %s' % (
+        ', '.join(map(str, unknown)), kind,
+        ', '.join(CELL_OPERATION_KEYS[kind]))
+  source = operation.get('input')
+  if not _is_int(source) or not -1 <= source < index:
+    earlier = ' or the index of an earlier operation (0..%d)' % (
+        index - 1) if index else ''
+    return 'input must be -1 (the backbone features)%s, got %s' % (
+        earlier, _shown(source))
+  if kind == 'pyramid_pooling':
+    return _pair_problem(operation, 'grid_size', '[rows, columns]')
+  problem = _pair_problem(operation, 'kernel', '[height, width]')
+  if problem or ('rate' not in operation and
+                 cell_pair(operation['kernel']) == (1, 1)):
+    return problem
+  return _pair_problem(operation, 'rate', '[height, width]')
+
+
+def _is_int(value):
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _pair_problem(operation, key, pair):
+  value = operation.get(key)
+  if _is_int(value) and value >= 1:
+    return None
+  if (isinstance(value, (list, tuple)) and len(value) == 2 and
+      all(_is_int(v) and v >= 1 for v in value)):
+    return None
+  shown = 'nothing' if value is None else _shown(value)
+  return ('%s must be a positive integer or %s of positive integers, got %s'
+          % (key, pair, shown))
+
+
+def cell_pair(value):
+  """A cell's kernel, rate or grid size as (height, width)."""
+  if isinstance(value, (list, tuple)):
+    return tuple(value)
+  return (value, value)

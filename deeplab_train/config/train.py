@@ -32,6 +32,9 @@ class TrainOptions(JsonMixin):
   weight_decay: Optional[float] = None
   momentum: float = 0.9
   fine_tune_batch_norm: bool = True
+  # NAS backbones: the last cell's probability to keep each path at the
+  # end of training (see model/nas_cell.py); 1 for no drop path.
+  drop_path_keep_prob: float = 1.0
   image_pyramid: Optional[Tuple[float, ...]] = None
   # Loss.
   upsample_logits: bool = True
@@ -110,6 +113,14 @@ class TrainOptions(JsonMixin):
           % self.top_k_percent_pixels)
     check(self.hard_example_mining_step >= 0,
           '{TrainOptions.hard_example_mining_step} must be >= 0')
+    keep = self.drop_path_keep_prob
+    check(0 < keep <= 1, '{TrainOptions.drop_path_keep_prob} must be in '
+          '(0, 1], got %g' % keep)
+    # The original's NAS backbones drop paths only while batch norm trains.
+    check(keep == 1 or self.fine_tune_batch_norm,
+          '{TrainOptions.drop_path_keep_prob}=%g needs '
+          '{TrainOptions.fine_tune_batch_norm}=true: as in the original, the '
+          'NAS cells drop paths only while batch norm is trained' % keep)
 
   def _validate_last_layers(self):
     check(self.last_layer_gradient_multiplier >= 0,

@@ -17,6 +17,8 @@ regularisation losses and BN update ops.
 """
 import tensorflow.compat.v1 as tf
 
+from deeplab_train.config import ConfigError
+from deeplab_train.model import dense_prediction_cell
 from deeplab_train.model import head
 from deeplab_train.model import registry
 
@@ -24,7 +26,7 @@ OUTPUT_TYPE = head.OUTPUT_TYPE
 PROB_SUFFIX = '_prob'
 
 MERGED_LOGITS_SCOPE = 'merged_logits'
-META_ARCHITECTURE_SCOPE = 'meta_architecture'
+META_ARCHITECTURE_SCOPE = dense_prediction_cell.META_ARCHITECTURE_SCOPE
 
 # The original's dropout after concat_projection, in training.
 DROPOUT_KEEP_PROB = 0.9
@@ -51,9 +53,10 @@ def get_extra_layer_scopes(last_layers_contain_logits_only=False):
 
 
 def extract_features(images, options, weight_decay=None, is_training=False,
-                     fine_tune_batch_norm=False):
-  """Backbone features followed by ASPP (when aspp_with_batch_norm) and,
-  in training, the dropout of its output.
+                     fine_tune_batch_norm=False, drop_path=None):
+  """Backbone features followed by ASPP (when aspp_with_batch_norm) with,
+  in training, the dropout after its concat_projection; or the dense
+  prediction cell in place of ASPP when options has one.
 
   Args:
     images: float32 NHWC, raw pixel values in [0, 255].
@@ -62,12 +65,15 @@ def extract_features(images, options, weight_decay=None, is_training=False,
       registry entry's default).
     is_training: training graph (dropout on).
     fine_tune_batch_norm: with is_training, BN in training mode.
+    drop_path: a nas_cell.DropPath for the backbones that use drop path
+      (registry entry `uses_drop_path`), or None.
 
   Returns:
     (features, end_points, backbone).
 
   Raises:
-    ConfigError: unknown model_variant.
+    ConfigError: unknown model_variant, or drop_path for a backbone
+      without drop path.
   """
   backbone = registry.get(options.model_variant)
   if weight_decay is None:
@@ -75,23 +81,49 @@ def extract_features(images, options, weight_decay=None, is_training=False,
   bn_training = bool(is_training and fine_tune_batch_norm)
   features, end_points = backbone.build(
       backbone.normalize(images), options, is_training, bn_training,
-      weight_decay)
+      weight_decay, **_drop_path_args(backbone, drop_path))
   if not options.aspp_with_batch_norm:
     return features, end_points, backbone
+  if options.dense_prediction_cell_config is not None:
+    # The cell replaces ASPP (its atrous and image pooling options unused).
+    features = dense_prediction_cell.build_cell(
+        features, options, weight_decay, is_training=is_training,
+        bn_training=bn_training)
+    return features, end_points, backbone
   params = head.head_params(options, weight_decay, bn_training)
-  features = head.aspp(features, options, params)
-  if is_training:
-    with tf.name_scope(head.CONCAT_PROJECTION_SCOPE + '_dropout'):
-      features = tf.nn.dropout(features, rate=1.0 - DROPOUT_KEEP_PROB)
+  features = head.aspp(
+      features, options, params,
+      dropout=_concat_projection_dropout if is_training else None)
   return features, end_points, backbone
 
 
+def _drop_path_args(backbone, drop_path):
+  """The keyword arguments giving `drop_path` to the backbone's build."""
+  if drop_path is None:
+    return {}
+  if not backbone.uses_drop_path:
+    users = [name for name in registry.known_variants()
+             if registry.get(name).uses_drop_path]
+    raise ConfigError(
+        '{TrainOptions.drop_path_keep_prob}=%g: drop path is a '
+        'regularisation of the NAS backbones (%s); '
+        '{ModelOptions.model_variant}=%s has none: leave '
+        '{TrainOptions.drop_path_keep_prob} at 1', drop_path.keep_prob,
+        ', '.join(users), backbone.name)
+  return {'drop_path': drop_path}
+
+
+def _concat_projection_dropout(features):
+  with tf.name_scope(head.CONCAT_PROJECTION_SCOPE + '_dropout'):
+    return tf.nn.dropout(features, rate=1.0 - DROPOUT_KEEP_PROB)
+
+
 def _get_logits(images, options, weight_decay, is_training,
-                fine_tune_batch_norm):
+                fine_tune_batch_norm, drop_path=None):
   """Logits of one scale, at the decoder or backbone resolution."""
   features, end_points, backbone = extract_features(
       images, options, weight_decay=weight_decay, is_training=is_training,
-      fine_tune_batch_norm=fine_tune_batch_norm)
+      fine_tune_batch_norm=fine_tune_batch_norm, drop_path=drop_path)
   if options.decoder_output_stride:
     crop_size = options.crop_size
     if crop_size is None:
@@ -100,6 +132,10 @@ def _get_logits(images, options, weight_decay, is_training,
                               bool(is_training and fine_tune_batch_norm))
     features = head.refine_by_decoder(features, end_points, backbone,
                                       crop_size, options, params)
+  if options.decoder_output_is_logits:
+    # The decoder gave the logits: no `logits/` convs; the tensor is named
+    # after the output ('semantic:0' in the original's exported graph).
+    return tf.identity(features, name=OUTPUT_TYPE)
   return head.get_branch_logits(features, options.num_classes, options,
                                 weight_decay=weight_decay)
 
@@ -124,7 +160,7 @@ def _scaled_inputs(images, options, scale, crop_height, crop_width):
 
 def multi_scale_logits(images, options, image_pyramid=None,
                        weight_decay=None, is_training=False,
-                       fine_tune_batch_norm=False):
+                       fine_tune_batch_norm=False, drop_path=None):
   """Logits for each scale of an image pyramid, and their merge.
 
   Every scale shares the variables (built with AUTO_REUSE). Each scale's
@@ -140,6 +176,9 @@ def multi_scale_logits(images, options, image_pyramid=None,
       registry entry's default).
     is_training: training graph (dropout on).
     fine_tune_batch_norm: with is_training, BN in training mode.
+    drop_path: a nas_cell.DropPath (training graphs of the NAS backbones,
+      which apply it only when BN is in training mode, as the original),
+      or None.
 
   Returns:
     {'semantic': {'merged_logits': T, 'logits_1.00': T, ...}}, logits
@@ -170,7 +209,7 @@ def multi_scale_logits(images, options, image_pyramid=None,
         images, options, scale, crop_height, crop_width)
     with tf.variable_scope(tf.get_variable_scope(), reuse=tf.AUTO_REUSE):
       logits = _get_logits(scaled_images, scaled_options, weight_decay,
-                           is_training, fine_tune_batch_norm)
+                           is_training, fine_tune_batch_norm, drop_path)
     logits = head.resize_bilinear(logits, [logits_height, logits_width])
     if len(image_pyramid) == 1:
       return {OUTPUT_TYPE: {MERGED_LOGITS_SCOPE: logits}}

@@ -8,8 +8,17 @@ names, shapes and initialisers match its checkpoints:
   decoder: `decoder/feature_projection{i}`, `decoder/decoder_conv{0,1}`;
   logits: `logits/semantic`.
 
-The dropout after `concat_projection` and the multi-scale assembly are in
-`deeplab`.
+MobileNetV3's head (the original's options of the same names): the image
+pooling branch as a squeeze-and-excitation gate of the ASPP output
+(`aspp_with_squeeze_and_excitation`, `image_se_uses_qsigmoid`), no
+`concat_projection` (`aspp_with_concat_projection`), a decoder that adds
+instead of concatenating (`decoder_use_sum_merge`: `decoder_conv0` or
+`decoder_split_sep_conv0_{depthwise,pointwise}`) and whose output is the
+logits (`decoder_output_is_logits`: its convs have biases, no BN, no
+activation, and the sum merge's is 1x1; there is no `logits/` scope).
+
+The dropout after `concat_projection` is given by `deeplab`, which also
+assembles the scales.
 """
 import tensorflow.compat.v1 as tf
 
@@ -88,7 +97,11 @@ def _separable_conv(x, filters, params, scope, rate=1):
 
 
 def _image_pooling(features, options, params):
-  """Image-level feature: pool, 1x1 conv, resize back to the feature size."""
+  """Image-level feature: pool, 1x1 conv, resize back to the feature size.
+
+  As a squeeze-and-excitation gate the conv has biases instead of BN and a
+  (hard) sigmoid instead of ReLU.
+  """
   depth = options.aspp_convs_filters
   if options.crop_size is not None:
     pool_crop = options.image_pooling_crop_size or options.crop_size
@@ -107,21 +120,49 @@ def _image_pooling(features, options, params):
     pooled = tf.reduce_mean(features, axis=[1, 2], keepdims=True)
     resize_height = tf.shape(features)[1]
     resize_width = tf.shape(features)[2]
-  # The original keeps ReLU here even with bounded activations.
-  image_feature = layers.conv2d(pooled, depth, 1, params, IMAGE_POOLING_SCOPE,
-                                activation=tf.nn.relu)
+  if options.aspp_with_squeeze_and_excitation:
+    gate = (layers.hard_sigmoid if options.image_se_uses_qsigmoid
+            else tf.nn.sigmoid)
+    image_feature = layers.conv2d(pooled, depth, 1, params,
+                                  IMAGE_POOLING_SCOPE, normalize=False,
+                                  activation=gate)
+  else:
+    # The original keeps ReLU here even with bounded activations.
+    image_feature = layers.conv2d(pooled, depth, 1, params,
+                                  IMAGE_POOLING_SCOPE, activation=tf.nn.relu)
   image_feature = resize_bilinear(image_feature, [resize_height, resize_width])
   image_feature.set_shape([None, static_or_none(resize_height),
                            static_or_none(resize_width), depth])
   return image_feature
 
 
-def aspp(features, options, params):
-  """ASPP branches and their `concat_projection` (no dropout)."""
+def aspp(features, options, params, dropout=None):
+  """ASPP branches, concatenated and merged.
+
+  The concatenation goes through `concat_projection` and `dropout` (when
+  options.aspp_with_concat_projection); with
+  options.aspp_with_squeeze_and_excitation the image pooling branch is not
+  concatenated but multiplies the result.
+
+  Args:
+    features: the backbone's output.
+    options: ModelOptions.
+    params: the head's ConvParams.
+    dropout: fn(tensor) -> tensor applied after `concat_projection` (the
+      training graph's dropout), or None.
+
+  Returns:
+    The ASPP output.
+  """
   depth = options.aspp_convs_filters
   branches = []
+  gate = None
   if options.add_image_level_feature:
-    branches.append(_image_pooling(features, options, params))
+    image_feature = _image_pooling(features, options, params)
+    if options.aspp_with_squeeze_and_excitation:
+      gate = image_feature
+    else:
+      branches.append(image_feature)
   branches.append(layers.conv2d(features, depth, 1, params, ASPP_SCOPE + '0'))
   for i, rate in enumerate(options.atrous_rates or (), 1):
     scope = ASPP_SCOPE + str(i)
@@ -131,7 +172,13 @@ def aspp(features, options, params):
       branches.append(layers.conv2d(features, depth, 3, params, scope,
                                     rate=rate))
   net = tf.concat(branches, 3)
-  return layers.conv2d(net, depth, 1, params, CONCAT_PROJECTION_SCOPE)
+  if options.aspp_with_concat_projection:
+    net = layers.conv2d(net, depth, 1, params, CONCAT_PROJECTION_SCOPE)
+    if dropout is not None:
+      net = dropout(net)
+  if gate is not None:
+    net = net * gate
+  return net
 
 
 def _decoder_end_point(end_points, backbone, output_stride, name):
@@ -161,7 +208,11 @@ def refine_by_decoder(features, end_points, backbone, crop_size, options,
 
   Stage k (k > 0 gets the suffix `_k`) projects each low-level end point to
   48 channels (`feature_projection{i}`), resizes everything to the stage's
-  resolution, concatenates, and smooths with two 3x3 convs.
+  resolution, concatenates, and smooths with two 3x3 convs. With
+  options.decoder_use_sum_merge the projection has decoder_filters channels
+  and is added to one conv of the upsampled features instead. With
+  options.decoder_output_is_logits every decoder conv is linear with biases
+  (no BN) and none is separable; the sum merge's conv is then 1x1.
 
   Args:
     features: the ASPP output.
@@ -169,7 +220,8 @@ def refine_by_decoder(features, end_points, backbone, crop_size, options,
     backbone: the registered Backbone (its decoder_end_points).
     crop_size: (height, width) as ints or scalar Tensors.
     options: ModelOptions (decoder_output_stride, decoder_filters,
-      decoder_use_separable_conv).
+      decoder_use_separable_conv, decoder_use_sum_merge,
+      decoder_output_is_logits).
     params: the head's ConvParams.
 
   Returns:
@@ -179,6 +231,10 @@ def refine_by_decoder(features, end_points, backbone, crop_size, options,
     ConfigError: no end point for a requested stride, or an end point name
       missing from `end_points`.
   """
+  if options.decoder_output_is_logits:
+    params = params.replace(batch_norm=None, activation=None)
+  projection_filters = (options.decoder_filters if options.decoder_use_sum_merge
+                        else DECODER_PROJECTION_FILTERS)
   net = features
   with tf.variable_scope(DECODER_SCOPE):
     for stage, output_stride in enumerate(options.decoder_output_stride):
@@ -190,28 +246,53 @@ def refine_by_decoder(features, end_points, backbone, crop_size, options,
         low_level = _decoder_end_point(end_points, backbone, output_stride,
                                        name)
         projected = layers.conv2d(
-            low_level, DECODER_PROJECTION_FILTERS, 1, params,
+            low_level, projection_filters, 1, params,
             'feature_projection%d%s' % (i, suffix))
-        net = _concat_resized((net, projected), size)
-        net = _decoder_convs(net, i, suffix, options, params)
+        if options.decoder_use_sum_merge:
+          net = _sum_merge(net, projected, size, suffix, options, params)
+        else:
+          net = _concat_resized((net, projected), size)
+          net = _decoder_convs(net, i, suffix, options, params)
   return net
+
+
+def _resized(tensor, size):
+  """`tensor` resized to `size` [height, width], with its static shape."""
+  tensor = resize_bilinear(tensor, size)
+  tensor.set_shape([None, static_or_none(size[0]),
+                    static_or_none(size[1]), None])
+  return tensor
 
 
 def _concat_resized(tensors, size):
   """The tensors resized to `size` [height, width], concatenated."""
-  resized = []
-  for tensor in tensors:
-    tensor = resize_bilinear(tensor, size)
-    tensor.set_shape([None, static_or_none(size[0]),
-                      static_or_none(size[1]), None])
-    resized.append(tensor)
-  return tf.concat(resized, 3)
+  return tf.concat([_resized(tensor, size) for tensor in tensors], 3)
+
+
+def _decoder_uses_separable_conv(options):
+  # The original builds a logits-giving decoder from plain convs only.
+  return (options.decoder_use_separable_conv and
+          not options.decoder_output_is_logits)
+
+
+def _sum_merge(net, projected, size, suffix, options, params):
+  """One conv of the upsampled features plus the projected end point."""
+  net, projected = _resized(net, size), _resized(projected, size)
+  depth = options.decoder_filters
+  if _decoder_uses_separable_conv(options):
+    net = _separable_conv(net, depth, params,
+                          'decoder_split_sep_conv0' + suffix)
+  else:
+    kernel_size = 1 if options.decoder_output_is_logits else 3
+    net = layers.conv2d(net, depth, kernel_size, params,
+                        'decoder_conv0' + suffix)
+  return net + projected
 
 
 def _decoder_convs(net, index, suffix, options, params):
   """The two 3x3 convs smoothing a decoder stage's merged features."""
   depth = options.decoder_filters
-  if options.decoder_use_separable_conv:
+  if _decoder_uses_separable_conv(options):
     net = _separable_conv(net, depth, params, 'decoder_conv0' + suffix)
     return _separable_conv(net, depth, params, 'decoder_conv1' + suffix)
   # As the original's slim.repeat: decoder_conv{i}{suffix}/..._1, _2.

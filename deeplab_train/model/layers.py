@@ -264,19 +264,61 @@ def depthwise_conv2d(x, kernel_size, params: ConvParams, scope,
                      activation=_DEFAULT, normalize=True, use_bias=True):
   """slim.separable_conv2d with num_outputs=None: `depthwise_weights` only.
 
-  The depthwise weights are not L2-regularised unless
+  `kernel_size` and `rate` are an int or a (height, width) pair. The
+  depthwise weights are not L2-regularised unless
   `params.regularize_depthwise`, as in the original.
   """
-  kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
+  kh, kw = _pair(kernel_size)
   channels = int(x.shape[-1])
   with tf.variable_scope(scope):
     w = _weights('depthwise_weights', [kh, kw, channels, depth_multiplier],
                  params, regularize=params.regularize_depthwise)
     y = tf.nn.depthwise_conv2d(
         x, _compute_dtype(x, w), strides=[1, stride, stride, 1],
-        padding=padding, dilations=[rate, rate])
+        padding=padding, dilations=list(_pair(rate)))
     return _finish(y, params, activation, use_bias,
                    channels * depth_multiplier, normalize)
+
+
+# The original's hard sigmoid multiplies by this rounded 1/6.
+HARD_SIGMOID_SCALE = 0.16667
+
+
+def hard_sigmoid(x):
+  """The original's hard sigmoid, relu6(x + 3) * 0.16667: the gate of
+  MobileNetV3's squeeze-and-excitation and of the head's image pooling."""
+  return tf.nn.relu6(x + 3.0) * HARD_SIGMOID_SCALE
+
+
+def _pair(value):
+  """(value, value) for an int, else the (height, width) pair itself."""
+  return (value, value) if isinstance(value, int) else tuple(value)
+
+
+def separable_conv2d(x, num_outputs, kernel_size, params: ConvParams, scope,
+                     stride=1):
+  """slim's separable_conv2d: depthwise then pointwise in one scope.
+
+  Variables `{scope}/depthwise_weights` [k, k, in, 1] and
+  `{scope}/pointwise_weights` [1, 1, in, num_outputs]; no bias, no
+  normalisation, no activation (the NAS cells'). A strided conv pads
+  explicitly (`fixed_padding`), so its output is aligned with the stride-1
+  output subsampled.
+  """
+  channels = int(x.shape[-1])
+  padding = 'SAME'
+  if stride > 1:
+    x = fixed_padding(x, kernel_size)
+    padding = 'VALID'
+  with tf.variable_scope(scope):
+    depthwise = _weights('depthwise_weights',
+                         [kernel_size, kernel_size, channels, 1], params,
+                         regularize=params.regularize_depthwise)
+    pointwise = _weights('pointwise_weights', [1, 1, channels, num_outputs],
+                         params)
+    return tf.nn.separable_conv2d(
+        x, _compute_dtype(x, depthwise), _compute_dtype(x, pointwise),
+        strides=[1, stride, stride, 1], padding=padding)
 
 
 def split_separable_conv2d(x, num_outputs, params: ConvParams, scope,

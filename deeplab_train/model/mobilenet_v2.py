@@ -94,15 +94,27 @@ def layer_depths(depth_multiplier=1.0, divisible_by=None):
 
 
 def layer_strides_and_rates(output_stride):
-  """(stride, atrous rate) per layer, stem first, for `output_stride`.
+  """(stride, atrous rate) per layer, stem first, for `output_stride`."""
+  return strides_and_rates([2] + [b.stride for b in BLOCKS], output_stride)
+
+
+def strides_and_rates(strides, output_stride):
+  """(stride, atrous rate) of each layer of a slim mobilenet.
 
   Once the running stride equals `output_stride`, a layer keeps the current
   rate but runs at stride 1, and the layers after it use the rate times the
   stride it skipped.
+
+  Args:
+    strides: the nominal stride of each layer, in order.
+    output_stride: the largest running stride, or None for no limit.
+
+  Returns:
+    [(stride, rate), ...], one per layer.
   """
   plan = []
   current_stride, rate = 1, 1
-  for stride in [2] + [b.stride for b in BLOCKS]:
+  for stride in strides:
     if output_stride is not None and current_stride == output_stride:
       plan.append((1, rate))
       rate *= stride
@@ -112,25 +124,43 @@ def layer_strides_and_rates(output_stride):
   return plan
 
 
-def _expanded_conv(x, num_outputs, stride, rate, params, scope, first_block):
-  """Inverted residual block; returns (output, {suffix: tensor})."""
+def expanded_conv(x, num_outputs, inner, stride, rate, params, scope,
+                  kernel_size=3, transform=None):
+  """Inverted residual block of slim's mobilenets.
+
+  A 1x1 expansion to `inner` channels (skipped unless it widens the input),
+  a depthwise conv, an optional `transform` of its output (MobileNetV3's
+  squeeze-and-excitation) and a linear 1x1 projection; the input is added
+  back when the shapes allow it.
+
+  Args:
+    x: NHWC input.
+    num_outputs: channels of the projection.
+    inner: channels of the expansion.
+    stride, rate: of the depthwise conv.
+    params: ConvParams of the expansion and depthwise conv (their
+      activation); the projection is linear.
+    scope: variable scope (e.g. 'expanded_conv_3').
+    kernel_size: of the depthwise conv.
+    transform: fn(depthwise output) -> tensor before the projection.
+
+  Returns:
+    (output, {'expansion_output' | 'depthwise_output' | 'output': tensor}).
+  """
   points = {}
   with tf.variable_scope(scope):
     in_channels = int(x.shape[-1])
-    if first_block:
-      inner = in_channels
-    else:
-      inner = make_divisible(in_channels * EXPANSION_FACTOR,
-                             EXPANSION_DIVISIBLE_BY)
     net = x
     if inner > in_channels:
       net = layers.conv2d(net, inner, 1, params, 'expand')
       net = tf.identity(net, name='expansion_output')
       points['expansion_output'] = net
-    net = layers.depthwise_conv2d(net, 3, params, 'depthwise', stride=stride,
-                                  rate=rate)
+    net = layers.depthwise_conv2d(net, kernel_size, params, 'depthwise',
+                                  stride=stride, rate=rate)
     net = tf.identity(net, name='depthwise_output')
     points['depthwise_output'] = net
+    if transform is not None:
+      net = transform(net)
     net = layers.conv2d(net, num_outputs, 1, params, 'project',
                         activation=None)
     if stride == 1 and num_outputs == in_channels:
@@ -138,6 +168,12 @@ def _expanded_conv(x, num_outputs, stride, rate, params, scope, first_block):
     net = tf.identity(net, name='output')
     points['output'] = net
   return net, points
+
+
+def _expansion_width(in_channels, first_block):
+  if first_block:
+    return in_channels
+  return make_divisible(in_channels * EXPANSION_FACTOR, EXPANSION_DIVISIBLE_BY)
 
 
 def mobilenet_v2_base(images, depth_multiplier=1.0, divisible_by=None,
@@ -168,8 +204,9 @@ def mobilenet_v2_base(images, depth_multiplier=1.0, divisible_by=None,
     for i, depth in enumerate(block_depths):
       stride, rate = plan[i + 1]
       scope = 'expanded_conv' + ('_%d' % i if i else '')
-      net, points = _expanded_conv(net, depth, stride, rate, params, scope,
-                                   first_block=(i == 0))
+      inner = _expansion_width(int(net.shape[-1]), first_block=(i == 0))
+      net, points = expanded_conv(net, depth, inner, stride, rate, params,
+                                  scope)
       name = 'layer_%d' % (i + 2)
       end_points[name] = net
       for suffix, tensor in points.items():

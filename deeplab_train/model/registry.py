@@ -39,13 +39,17 @@ class Backbone:
       are created under `scope`. `end_points` maps names (as listed in
       `decoder_end_points`) to tensors.
     scope: top-level variable scope of the backbone (e.g. 'MobilenetV2').
-    mean_pixel: the RGB value that normalises to 0 (used for padding).
+    mean_pixel: the RGB value images are padded with (export, eval, vis).
+      It normalises to 0 for every backbone but resnet_v1_18(_beta), which
+      pad with 127.5 but subtract the ImageNet mean, as the original does.
     normalize: fn(float images in [0, 255]) -> network input.
     decoder_end_points: {output_stride: (end point names, ...)} for the
       decoder's feature projections.
     default_weight_decay: the L2 factor of conv weights when no
       weight_decay is given: the original trainer's default for this family
       (this entry is the only place it is written).
+    uses_drop_path: `build` takes a `drop_path` argument (a
+      nas_cell.DropPath: the NAS cells' drop-path regularisation).
   """
   name: str
   build: Callable
@@ -54,6 +58,7 @@ class Backbone:
   normalize: Callable
   decoder_end_points: Dict[int, Tuple[str, ...]]
   default_weight_decay: float
+  uses_drop_path: bool = False
 
 
 _REGISTRY: Dict[str, Backbone] = {}

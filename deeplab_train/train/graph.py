@@ -14,6 +14,7 @@ from absl import logging
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
+from deeplab_train.model import nas_cell
 from deeplab_train.model import registry
 from deeplab_train.train import checkpoint_init
 from deeplab_train.train import learning_rate as lr_lib
@@ -113,9 +114,21 @@ def deeplab_model_fn(model_options, train_options):
     outputs = deeplab.multi_scale_logits(
         images, model_options, image_pyramid=train_options.image_pyramid,
         weight_decay=weight_decay, is_training=True,
-        fine_tune_batch_norm=train_options.fine_tune_batch_norm)
+        fine_tune_batch_norm=train_options.fine_tune_batch_norm,
+        drop_path=_drop_path(train_options))
     return outputs['semantic']
   return model_fn
+
+
+def _drop_path(train_options):
+  """The NAS cells' drop path (a nas_cell.DropPath scheduled over
+  training_number_of_steps on the global step), or None without one."""
+  if train_options.drop_path_keep_prob == 1.0:
+    return None
+  return nas_cell.DropPath(
+      keep_prob=train_options.drop_path_keep_prob,
+      total_steps=train_options.training_number_of_steps,
+      global_step=tf.train.get_or_create_global_step())
 
 
 def default_last_layer_scopes(train_options):
