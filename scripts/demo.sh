@@ -33,7 +33,7 @@ mobilenet_v2 trained from scratch; fails when the val mIoU is below MIN_MIOU.
   STEPS      training steps                                  [3000]
   MIN_MIOU   [0.7]
   (and TRAIN_BATCH_SIZE [8], TRAIN_CROP_SIZE [129,129],
-  BASE_LEARNING_RATE [0.02], DEPTH_MULTIPLIER [0.5], EXPORT_CROP_SIZE [257,257])
+  BASE_LEARNING_RATE [0.02], DEPTH_MULTIPLIER [0.5], EXPORT_CROP_SIZE [289,289])
 
 --quick: a short run of the VOC scripts in their own layout, like the
 original's local_test.sh: the 21 VOC classes, a tiny model, no mIoU target.
@@ -78,7 +78,7 @@ demo_settings() {
     DATASET=shapes RECIPE=mobilenet_v2 DEPTH_MULTIPLIER=0.5 \
     TRAIN_STEPS="${STEPS:-3000}" TRAIN_SPLIT=train TRAIN_BATCH_SIZE=8 \
     TRAIN_CROP_SIZE=129,129 BASE_LEARNING_RATE=0.02 EVAL_CROP_SIZE= \
-    VIS_CROP_SIZE= ALSO_SAVE_RAW_PREDICTIONS=true EXPORT_CROP_SIZE=257,257 \
+    VIS_CROP_SIZE= ALSO_SAVE_RAW_PREDICTIONS=true EXPORT_CROP_SIZE=289,289 \
     SAVED_MODEL_DIR="$WORK/export/saved_model" \
     BUILD_EXTRA_FLAGS="--dataset_name=shapes --num_classes=5 --colormap=pascal --class_names=background,red_disk,green_striped_square,blue_dotted_triangle,yellow_ring"
   TRAIN_ARGS=(--min_scale_factor=0.5 --max_scale_factor=1.5 --log_steps=100

@@ -16,6 +16,7 @@ from deeplab_train import config
 from deeplab_train.cli import export as export_cli
 from deeplab_train.evaluation import predictor as predictor_lib
 from deeplab_train.export import freeze
+from deeplab_train.export import savedmodel
 
 
 @pytest.fixture(scope='module')
@@ -39,28 +40,44 @@ def _in_graph_labels(model_options, inference, checkpoint, images):
     return predictor.predict([im.astype(np.float32) for im in images])
 
 
-def _eager_saved_model_labels(saved_model_dir, images, tmp_path):
+def _eager_saved_model_labels(saved_model_dir, images, tmp_path,
+                              batch=None):
   """Loads the SavedModel with TF2's tf.saved_model.load in a fresh process.
 
   A fresh process, because other tests may have switched this one to graph
-  mode (tf.disable_v2_behavior); the SavedModel must run eagerly.
+  mode (tf.disable_v2_behavior); the SavedModel must run eagerly. Each image
+  goes through both signatures (batch of one, and 'single_image'); `batch`
+  (uint8 [N, H, W, 3]) through the batch signature in one call.
   """
   np.savez(tmp_path / 'in.npz', *images)
+  np.save(tmp_path / 'batch.npy', np.zeros((0, 1, 1, 3), np.uint8)
+          if batch is None else batch)
   script = textwrap.dedent('''
       import sys, numpy as np, tensorflow as tf
       assert tf.executing_eagerly()
       model = tf.saved_model.load(sys.argv[1])
       serve = model.signatures['serving_default']
+      single = model.signatures['single_image']
       inputs = np.load(sys.argv[2])
       out = {}
       for i in range(len(inputs.files)):
-        result = serve(images=tf.constant(inputs['arr_%d' % i][None]))
+        image = tf.constant(inputs['arr_%d' % i][None])
+        result = serve(images=image)
         out['labels_%d' % i] = result['labels'].numpy()
         out['probs_%d' % i] = result['probabilities'].numpy()
+        result = single(image=image)
+        out['single_labels_%d' % i] = result['labels'].numpy()
+        out['single_probs_%d' % i] = result['probabilities'].numpy()
+      batch = np.load(sys.argv[4])
+      if len(batch):
+        result = serve(images=tf.constant(batch))
+        out['batch_labels'] = result['labels'].numpy()
+        out['batch_probs'] = result['probabilities'].numpy()
       np.savez(sys.argv[3], **out)
   ''')
   subprocess.run([sys.executable, '-c', script, saved_model_dir,
-                  str(tmp_path / 'in.npz'), str(tmp_path / 'out.npz')],
+                  str(tmp_path / 'in.npz'), str(tmp_path / 'out.npz'),
+                  str(tmp_path / 'batch.npy')],
                  check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
   return np.load(tmp_path / 'out.npz')
 
@@ -88,18 +105,34 @@ def test_frozen_graph_and_saved_model_match_in_graph_inference(
 
   images = [image for _, image, _ in et.tiny_images()]
   want = in_graph_41
+  # Three images of one size for the batch signature.
+  batch = np.stack([image for _, image, _ in
+                    et.tiny_images(seed=1, sizes=((37, 29),) * 3)])
   served = _eager_saved_model_labels(str(out / 'saved_model'), images,
-                                     tmp_path)
+                                     tmp_path, batch=batch)
   for i, image in enumerate(images):
     frozen = freeze.run_frozen_graph(graph_def, image)
     assert frozen.shape == (1,) + image.shape[:2]
     assert frozen.dtype == np.int32
     np.testing.assert_array_equal(frozen[0], want[i])
-    np.testing.assert_array_equal(served['labels_%d' % i][0], want[i])
-    probs = served['probs_%d' % i]
-    assert probs.shape == (1,) + image.shape[:2] + (et.NUM_CLASSES,)
-    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-4)
+    for signature in ('', 'single_'):
+      np.testing.assert_array_equal(served[signature + 'labels_%d' % i][0],
+                                    want[i])
+      probs = served[signature + 'probs_%d' % i]
+      assert probs.shape == (1,) + image.shape[:2] + (et.NUM_CLASSES,)
+      np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-4)
   assert len(np.unique(np.concatenate([w.ravel() for w in want]))) >= 2
+  # The batch of 3 in one call: each image's labels are the .pb's.
+  assert served['batch_labels'].shape == (3, 37, 29)
+  assert served['batch_labels'].dtype == np.int32
+  assert served['batch_probs'].shape == (3, 37, 29, et.NUM_CLASSES)
+  for image, labels, probs in zip(batch, served['batch_labels'],
+                                  served['batch_probs']):
+    np.testing.assert_array_equal(labels,
+                                  freeze.run_frozen_graph(graph_def, image)[0])
+    np.testing.assert_allclose(
+        probs, freeze.run_frozen_graph(graph_def, image,
+                                       freeze.PROB_NAME)[0], atol=1e-5)
 
 
 def test_multi_scale_flipped_export_matches_in_graph(tiny_ckpt, tmp_path):
@@ -128,6 +161,38 @@ def test_image_larger_than_crop_fails_with_a_message(tiny_ckpt):
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match='larger than the export crop size 41,41'):
     freeze.run_frozen_graph(frozen, np.zeros((50, 30, 3), np.uint8))
+
+
+@pytest.mark.slow
+def test_saved_model_signatures_resize_like_the_frozen_graph(tiny_ckpt):
+  """With max_resize_value both signatures resize and pad as the .pb does,
+  image by image, and the weights are stored once for both."""
+  options = config.ExportOptions(
+      inference=config.InferenceOptions(crop_size=(33, 33)),
+      max_resize_value=33, with_probabilities=False)
+  frozen, _, _ = freeze.freeze(tiny_ckpt, et.tiny_model_options(), options)
+  serving, signatures = savedmodel.freeze_serving_graph(
+      tiny_ckpt, et.tiny_model_options(), options)
+  assert sorted(signatures) == ['serving_default', 'single_image']
+  # One copy of the weights for both signatures.
+  constants = lambda graph_def: sum(n.ByteSize() for n in graph_def.node
+                                    if n.op == 'Const')
+  assert constants(serving) < 1.1 * constants(frozen)
+  batch = np.stack([image for _, image, _ in
+                    et.tiny_images(seed=2, sizes=((57, 49),) * 3)])
+  with tf.Graph().as_default() as graph:
+    tf.import_graph_def(serving, name='')
+    with tf.Session(graph=graph) as sess:
+      inputs, outputs = signatures['serving_default']
+      batch_labels = sess.run(outputs['labels'], {inputs['images']: batch})
+      inputs, outputs = signatures['single_image']
+      single = [sess.run(outputs['labels'], {inputs['image']: image[None]})
+                for image in batch]
+  assert batch_labels.shape == (3, 57, 49)
+  for image, labels, one in zip(batch, batch_labels, single):
+    want = freeze.run_frozen_graph(frozen, image)
+    np.testing.assert_array_equal(labels, want[0])
+    np.testing.assert_array_equal(one, want)
 
 
 def test_resize_range_is_undone_at_the_output(tiny_ckpt):

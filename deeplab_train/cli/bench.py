@@ -1,4 +1,5 @@
-"""deeplab-bench: training speed of a model config on this machine.
+"""deeplab-bench: training speed of a model config on this machine (or the
+inference speed of exported models).
 
     deeplab-bench --model_variant=mobilenet_v2 --output_stride=8 \\
         --train_crop_size=321,321 --train_batch_size=4 \\
@@ -7,6 +8,9 @@
         [--bench_variants=none,bf16,bf16+xla]
     deeplab-bench ... --compare_original=DIR [--compare_rounds=3] \\
         [--compare_steps=30]
+    deeplab-bench --exported_model=OUT/frozen.pb,OUT/saved_model,OUT/m.tflite \\
+        [--bench_batch_size=8] [--bench_threads=1,all] \\
+        [--bench_image_size=HEIGHT,WIDTH] [--bench_runs=20]
 
 Takes deeplab-train's model and training flags. Measures in one process the
 input pipeline's images/s, training images/s and s/step after warm-up, FLOPs
@@ -36,6 +40,19 @@ AVX2 / AVX-512 / AVX512_BF16 / AMX support. Flags the original does not
 have (e.g. --mixed_precision) go to deeplab-train only, with a warning.
 The other --bench_* measurements are not made in this mode.
 
+--exported_model=PATH (repeatable, or a comma list) measures the inference
+speed of exported models instead (frozen .pb, SavedModel folder, .tflite;
+see deeplab_train/bench/exported.py): per file and per --bench_threads
+count (`all`: every usable core), in a process of its own, the latency per
+image (median and p90 over --bench_runs calls after --bench_warmup_runs)
+and images/s at batch 1 and --bench_batch_size (a frozen graph or .tflite
+takes one image per run: its batch is that many single calls, and the
+table says so), the file's size, the load time, the cores kept busy and
+the peak RSS. Images are random uint8 at the model's fixed input size
+(.tflite), else --bench_image_size, else the .tflite files' size. One table
+has a row per file and thread count; the JSON line holds a result each.
+The training flags are not used in this mode.
+
 Data: --bench_data=synthetic writes VOC-sized synthetic JPEGs (21 classes),
 sample converts the bundled sample dataset (data/ of the source tree), both
 into a temp folder; dataset_dir reads --dataset_dir / --train_split.
@@ -53,12 +70,14 @@ from absl import logging
 from deeplab_train import atomic
 from deeplab_train import bench
 from deeplab_train import config
+from deeplab_train.bench import exported as bench_exported
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
 from deeplab_train.cli import train_flags
 from deeplab_train.data import datasets
 from deeplab_train.model import registry
+from deeplab_train.runtime import cpu as cpu_lib
 from deeplab_train.runtime import session_config as session_lib
 from deeplab_train.train import graph as graph_lib
 
@@ -70,7 +89,10 @@ FLAG_NAMES = dict(train_flags.FLAG_NAMES, **{
     for f in dataclasses.fields(bench.BenchOptions)}, **{
         'CompareOptions.original_dir': 'compare_original',
         'CompareOptions.rounds': 'compare_rounds',
-        'CompareOptions.steps': 'compare_steps'})
+        'CompareOptions.steps': 'compare_steps'}, **{
+            'ExportedBenchOptions.' + f.name: 'bench_' + f.name
+            for f in dataclasses.fields(bench_exported.ExportedBenchOptions)},
+    **{'open_exported.path': 'exported_model'})
 
 DATA_SOURCES = ('synthetic', 'sample', 'dataset_dir')
 
@@ -111,7 +133,24 @@ _COMPARE_TABLE = (
      'With --compare_original: training steps of every run (the first '
      'third is warm-up; fewer for big models, e.g. 10 for xception_65).'),
 )
-flag_table.define(_BENCH_TABLE, _COMPARE_TABLE)
+# The inference speed of exported models.
+# (--exported_model itself is common_flags', shared with eval and vis.)
+_EXPORTED_TABLE = (
+    ('integer', 'bench_batch_size', 8,
+     'With --exported_model: images per call of the batched measurement.'),
+    ('list', 'bench_threads', ['1', 'all'],
+     'With --exported_model: thread counts to measure, each in its own '
+     'process (all: every usable core).'),
+    ('list', 'bench_image_size', None,
+     'With --exported_model: HEIGHT,WIDTH of the random images fed to '
+     'models that take any size (default: the input size of the .tflite '
+     'files measured with them).'),
+    ('integer', 'bench_runs', 20,
+     'With --exported_model: timed calls per batch size.'),
+    ('integer', 'bench_warmup_runs', 3,
+     'With --exported_model: calls of each batch size before timing.'),
+)
+flag_table.define(_BENCH_TABLE, _COMPARE_TABLE, _EXPORTED_TABLE)
 
 # Given to both trainers even at their defaults, so that both surely train
 # the setting the report names.
@@ -251,12 +290,79 @@ def _compare_job(options, model_options, train):
       dataset_dir=FLAGS.dataset_dir, split=FLAGS.train_split)
 
 
+@dataclasses.dataclass(frozen=True)
+class ExportedCommandJob:
+  """deeplab-bench --exported_model: which models, measured how.
+
+  Attributes:
+    paths: the exported models.
+    options: ExportedBenchOptions.
+    bench_json: also write the result lines to this file.
+    child: this process is a child measuring one model at one thread
+      count (paths and options.threads hold one value each).
+  """
+  paths: Tuple[str, ...]
+  options: bench_exported.ExportedBenchOptions
+  bench_json: Optional[str] = None
+  child: bool = False
+
+
+def _exported_paths():
+  """The --exported_model paths (repeated flags and comma lists)."""
+  value = FLAGS.exported_model or ()
+  if isinstance(value, str):  # the one-path flag of deeplab-eval/vis
+    value = [value]
+  return tuple(p.strip() for v in value for p in v.split(',') if p.strip())
+
+
+def _thread_counts():
+  """--bench_threads as counts ('all': every usable core), no repeats."""
+  counts = []
+  for text in FLAGS.bench_threads or ():
+    text = text.strip().lower()
+    try:
+      count = cpu_lib.usable_cores() if text == 'all' else int(text)
+    except ValueError:
+      raise config.ConfigError(
+          '--bench_threads must be thread counts or all, got %r' % text
+      ) from None
+    if count not in counts:
+      counts.append(count)
+  return tuple(counts)
+
+
+def exported_options_from_flags():
+  """The flags -> an ExportedCommandJob (--exported_model given).
+
+  Raises:
+    config.ConfigError: bad flags, or --exported_model with another mode.
+  """
+  for other in ('bench_variants', 'compare_original'):
+    if FLAGS[other].value:
+      raise config.ConfigError('--exported_model cannot be combined with '
+                               '--%s: run them separately' % other)
+  options = bench_exported.ExportedBenchOptions(
+      batch_size=FLAGS.bench_batch_size, threads=_thread_counts(),
+      image_size=common_flags.parse_int_list(FLAGS.bench_image_size,
+                                             'bench_image_size'),
+      runs=FLAGS.bench_runs, warmup_runs=FLAGS.bench_warmup_runs)
+  if options.image_size is not None and len(options.image_size) == 1:
+    options = dataclasses.replace(options, image_size=options.image_size * 2)
+  return ExportedCommandJob(paths=_exported_paths(),
+                            options=options.validate(),
+                            bench_json=FLAGS.bench_json,
+                            child=FLAGS.bench_child)
+
+
 def options_from_flags():
-  """The flags -> a BenchCommandJob.
+  """The flags -> a BenchCommandJob (an ExportedCommandJob with
+  --exported_model).
 
   Raises:
     config.ConfigError: bad flags.
   """
+  if _exported_paths():
+    return exported_options_from_flags()
   compare_options = _compare_options()  # a bad folder fails first
   bench_options = bench.BenchOptions(**{
       name: FLAGS['bench_' + name].value for name in _BENCH_FIELDS
@@ -382,8 +488,43 @@ def run_compare(job):
   app.print_result('ok', **result)
 
 
+def _exported_child_argv(job, path, threads, image_size):
+  """The command line of the child measuring one exported model."""
+  options = job.options
+  return [sys.executable, '-m', 'deeplab_train.cli.bench',
+          '--exported_model=' + path, '--bench_threads=%d' % threads,
+          '--bench_image_size=%d,%d' % tuple(image_size),
+          '--bench_batch_size=%d' % options.batch_size,
+          '--bench_runs=%d' % options.runs,
+          '--bench_warmup_runs=%d' % options.warmup_runs, '--bench_child']
+
+
+def run_exported(job):
+  """Measures exported models (each in child processes, or this child's
+  one); prints the table and the result line, writes bench_json."""
+  if job.child:
+    result = bench_exported.measure_model(
+        job.paths[0], job.options.threads[0], job.options.image_size,
+        job.options)
+    app.print_result('ok', mode=bench_exported.MODE, results=[result])
+    return
+  facts = bench_exported.inspect_models(job.paths)
+  sizes = bench_exported.image_sizes(facts, job.options.image_size)
+  results = bench_exported.run_children(
+      facts, sizes, job.options,
+      lambda path, threads, size: _exported_child_argv(job, path, threads,
+                                                       size))
+  print(bench_exported.format_table(results))
+  if job.bench_json:
+    _write_json(results, job.bench_json)
+  app.print_result('ok', mode=bench_exported.MODE, results=results)
+
+
 def run_job(job):
   """Measures, prints the table and the result line, writes bench_json."""
+  if isinstance(job, ExportedCommandJob):
+    run_exported(job)
+    return
   if job.compare is not None:
     run_compare(job)
     return

@@ -110,7 +110,16 @@ _MODEL_TABLE = (
      'original\'s path) or that bare file name give the model zoo\'s cell, '
      'shipped with deeplab-train. Empty: ASPP.'),
 )
-flag_table.define(_DATASET_TABLE, _RESIZE_TABLE, _MODEL_TABLE)
+# Exported models (deeplab-eval, -vis and -bench import this module).
+_EXPORTED_TABLE = (
+    ('multi_string', 'exported_model', None,
+     'An exported model (a frozen .pb, a SavedModel folder or a .tflite '
+     'file): deeplab-eval and deeplab-vis use it (one) instead of a '
+     'checkpoint; deeplab-bench measures the inference speed of each one '
+     '(repeat the flag or give a comma list).'),
+)
+flag_table.define(_DATASET_TABLE, _RESIZE_TABLE, _MODEL_TABLE,
+                  _EXPORTED_TABLE)
 
 # ModelOptions field -> flag name, for the fields set from flags.
 _MODEL_FLAGS = (
@@ -291,3 +300,13 @@ def _show(value):
     return ','.join(str(v) for v in value)
   return str(value)
 
+
+def exported_model_path():
+  """The one --exported_model path, or None; ConfigError when the flag is
+  repeated (only deeplab-bench takes several)."""
+  paths = FLAGS.exported_model or []
+  if len(paths) > 1:
+    raise config.ConfigError(
+        '--exported_model given %d times: this command takes one exported '
+        'model', len(paths))
+  return paths[0] if paths else None

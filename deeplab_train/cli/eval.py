@@ -1,5 +1,5 @@
 r"""deeplab-eval: mIoU, per-class IoU, precision and recall, pixel accuracy
-and confusion matrix of a checkpoint.
+and confusion matrix of a checkpoint or an exported model.
 
     deeplab-eval --checkpoint_dir=TRAIN_LOGDIR --dataset_dir=TFRECORDS \\
         [--eval_split=val] [--eval_logdir=DIR] [--eval_crop_size=513,513] \\
@@ -20,11 +20,25 @@ EVAL_LOGDIR/confusion_matrix.csv (pixel counts, rows = ground truth,
 columns = prediction) and EVAL_LOGDIR/confusion_matrix.png (heatmap, each
 row divided by its ground-truth pixels). In follow mode each evaluation
 overwrites these two files: they show the latest checkpoint evaluated.
+
+    deeplab-eval --exported_model=OUT/frozen.pb|OUT/saved_model|OUT/m.tflite \\
+        --dataset_dir=TFRECORDS [--eval_split=val] [--eval_logdir=DIR]
+
+scores what deeplab-export wrote (a frozen .pb, a SavedModel folder or a
+.tflite file, float or quantized) once, with the same table, JSON line and
+files (default --eval_logdir: eval_NAME beside it), so you see what the
+deployed file scores. The model options come from a deeplab_config.json
+beside it when there is one, else from the flags and the dataset; the crop,
+scales, flips and (but for TFLite) the resize were fixed at export, so those
+flags are refused. Scores are at the images' own size, as the deployed
+model labels them.
+
 Exit codes: 0 ok, 2 bad input, 1 unexpected error.
 """
 import dataclasses
 import os
 import sys
+from typing import Optional
 
 from absl import flags
 
@@ -38,6 +52,7 @@ from deeplab_train.data import datasets
 from deeplab_train.evaluation import confusion
 from deeplab_train.evaluation import eval_loop
 from deeplab_train.evaluation import metrics
+from deeplab_train.export import loaded
 from deeplab_train.model import registry
 
 FLAGS = flags.FLAGS
@@ -48,7 +63,8 @@ FLAG_NAMES = {'InferenceOptions.crop_size': 'eval_crop_size',
               'EvalOptions.split': 'eval_split',
               'EvalOptions.batch_size': 'eval_batch_size',
               'EvalOptions.timeout_secs': 'eval_timeout_secs',
-              'EvalOptions.result_json': 'eval_result_json'}
+              'EvalOptions.result_json': 'eval_result_json',
+              'open_exported.path': 'exported_model'}
 
 # deeplab-eval's own flags (the shared ones are in common_flags and
 # inference_flags): output, split, batch, crop and follow mode.
@@ -76,7 +92,6 @@ _EVAL_TABLE = (
 )
 flag_table.define(_EVAL_TABLE)
 
-
 @dataclasses.dataclass(frozen=True)
 class EvalJob:
   """What deeplab-eval scores, how, and where the results go."""
@@ -88,6 +103,10 @@ class EvalJob:
   preprocess_options: config.PreprocessOptions
   inference: config.InferenceOptions
   eval_options: config.EvalOptions
+  exported_model: Optional[str] = None
+  # The resize a TFLite model's input gets (the other formats resize
+  # inside); preprocess_options then leave the images at their size.
+  exported_resize: Optional[config.PreprocessOptions] = None
 
 
 def _follow_mode():
@@ -101,12 +120,48 @@ def _checkpoint_folder(path):
   return path if os.path.isdir(path) else os.path.dirname(path)
 
 
+def _exported_options():
+  """Flags (+ the run config beside the model) -> an EvalJob of
+  --exported_model."""
+  path = common_flags.exported_model_path()
+  inference_flags.exported_model_kind(path, 'eval_crop_size')
+  if _follow_mode():
+    raise config.ConfigError(
+        'follow mode (--eval_interval_secs, --max_number_of_evaluations) '
+        'watches a checkpoint directory; --exported_model is evaluated once')
+  common_flags.require(FLAGS.dataset_dir, 'dataset_dir',
+                       ' (the TFRecords folder)')
+  saved_model, saved_pre, saved_dataset = inference_flags.saved_run_config(
+      loaded.run_config_folder(path))
+  info = datasets.load_dataset_info(common_flags.dataset_name(saved_dataset),
+                                    FLAGS.dataset_dir)
+  model_options = common_flags.model_options(
+      info.num_classes, None, saved=saved_model,
+      num_classes_from=common_flags.classes_source(FLAGS.dataset_dir))
+  eval_options = config.EvalOptions(
+      split=FLAGS.eval_split, batch_size=FLAGS.eval_batch_size,
+      result_json=FLAGS.eval_result_json).validate()
+  eval_logdir = FLAGS.eval_logdir or loaded.output_folder_beside(path, 'eval')
+  output_paths.check_output_folder('eval_logdir', eval_logdir)
+  output_paths.check_output_file('eval_result_json', FLAGS.eval_result_json)
+  return EvalJob(
+      checkpoint_dir=None, eval_logdir=eval_logdir,
+      dataset_dir=FLAGS.dataset_dir, dataset_info=info,
+      model_options=model_options,
+      preprocess_options=config.PreprocessOptions(crop_size=None).validate(),
+      inference=config.InferenceOptions(), eval_options=eval_options,
+      exported_model=path,
+      exported_resize=inference_flags.preprocess_options(saved_pre))
+
+
 def options_from_flags():
   """Flags (+ saved run config) -> an EvalJob.
 
   Raises:
     config.ConfigError: missing or contradicting flags.
   """
+  if common_flags.exported_model_path():
+    return _exported_options()
   common_flags.require(FLAGS.checkpoint_dir, 'checkpoint_dir',
                        ' (the train_logdir or a checkpoint prefix)')
   common_flags.require(FLAGS.dataset_dir, 'dataset_dir',
@@ -144,9 +199,14 @@ def options_from_flags():
 def print_scores(result, scores):
   print(metrics.format_table(scores))
   print(confusion.format_confused_pairs(scores.most_confused))
-  print('checkpoint %s (step %s), %d images of split %r'
-        % (result['checkpoint'], result['global_step'], result['num_images'],
-           result['split']))
+  if result.get('exported_model'):
+    what = 'exported model %s (%s)' % (result['exported_model'],
+                                       result['exported_format'])
+  else:
+    what = 'checkpoint %s (step %s)' % (result['checkpoint'],
+                                        result['global_step'])
+  print('%s, %d images of split %r' % (what, result['num_images'],
+                                       result['split']))
 
 
 def print_result(result, scores):
@@ -163,6 +223,14 @@ def run_eval(job):
         job.dataset_dir, job.eval_options.split, job.dataset_info,
         job.preprocess_options, mean_pixel)
 
+  if job.exported_model:
+    with loaded.open_exported(job.exported_model, mean_pixel,
+                              job.exported_resize) as model:
+      model.check_num_classes(job.dataset_info.num_classes,
+                              common_flags.classes_source(job.dataset_dir))
+      return eval_loop.evaluate_exported(
+          model, job.eval_logdir, job.eval_options, job.dataset_info,
+          make_samples, on_result=print_result)
   return eval_loop.evaluate(
       job.checkpoint_dir, job.eval_logdir, job.model_options, job.inference,
       job.eval_options, job.dataset_info, make_samples,

@@ -1,13 +1,28 @@
-r"""deeplab-export: frozen GraphDef and/or SavedModel from a checkpoint.
+r"""deeplab-export: frozen GraphDef, SavedModel and/or TFLite model from a
+checkpoint.
 
     deeplab-export --checkpoint_path=TRAIN_LOGDIR/model.ckpt-N \\
         --export_path=OUT/frozen_inference_graph.pb \\
         [--saved_model_dir=OUT/saved_model] [--crop_size=513,513] \\
-        [--inference_scales=1.0 ...] [--add_flipped_images]
+        [--inference_scales=1.0 ...] [--add_flipped_images] \\
+        [--tflite_path=OUT/model.tflite \\
+         [--tflite_quantize=none|float16|dynamic|int8 --dataset_dir=...]]
 
 The frozen graph keeps the original export's interface: input
 `ImageTensor:0` (uint8 [1, H, W, 3]), output `SemanticPredictions:0`
 (int32 [1, H, W]); images are padded to --crop_size with the mean pixel.
+The SavedModel's 'serving_default' signature takes a batch of images of one
+size (uint8 [N, H, W, 3]), its 'single_image' signature one image as
+ImageTensor:0 does (deeplab_train/export/savedmodel.py).
+--tflite_path writes a TFLite model of the same network (TensorFlow's
+converter) at the fixed --crop_size: uint8 [1, crop_h, crop_w, 3] in, int32
+class ids [1, crop_h, crop_w] out (and probabilities with
+--export_probabilities); it does not resize or pad, the caller gives
+images of the crop size padded with the mean pixel
+(deeplab_train/export/tflite.py). --tflite_quantize=int8 calibrates on
+--num_calibration_images images of --calibration_split read from
+--dataset_dir. Any of --export_path, --saved_model_dir, --tflite_path may
+be given alone.
 Model options come from the deeplab_config.json beside the checkpoint; for a
 checkpoint without one (e.g. the model zoo) the model flags describe the
 network, with the original export's defaults (--num_classes=21,
@@ -15,6 +30,7 @@ network, with the original export's defaults (--num_classes=21,
 1 unexpected error.
 """
 import dataclasses
+import logging
 import os
 from typing import Optional
 
@@ -26,15 +42,19 @@ from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
 from deeplab_train.cli import inference_flags
 from deeplab_train.cli import output_paths
+from deeplab_train.data import datasets
 from deeplab_train.evaluation import predictor as predictor_lib
 from deeplab_train.export import freeze
 from deeplab_train.export import savedmodel
+from deeplab_train.export import tflite
+from deeplab_train.model import registry
 
 FLAGS = flags.FLAGS
 COMMAND = 'deeplab-export'
 # Option fields whose flag is not named after the field.
 FLAG_NAMES = {'InferenceOptions.scales': 'inference_scales',
-              'ExportOptions.with_probabilities': 'export_probabilities'}
+              'ExportOptions.with_probabilities': 'export_probabilities',
+              'TfliteOptions.quantize': 'tflite_quantize'}
 
 # The original export_model.py's defaults, used when no saved config says
 # otherwise.
@@ -66,6 +86,20 @@ _EXPORT_TABLE = (
     ('boolean', 'export_probabilities', True,
      'Also export SemanticProbabilities:0 (and the SavedModel\'s '
      '"probabilities" output).'),
+    ('string', 'tflite_path', None,
+     'Also (or only) write a TFLite model (.tflite) of the network at the '
+     'fixed --crop_size.'),
+    ('enum', 'tflite_quantize', 'none',
+     'TFLite quantization: none (float32), float16 (float16 weights), '
+     'dynamic (int8 weights) or int8 (int8 weights and activations, '
+     'calibrated on images of --dataset_dir).',
+     {'enum_values': list(tflite.QUANTIZE_MODES)}),
+    ('string', 'calibration_split', 'train',
+     '--tflite_quantize=int8: the split whose images calibrate the '
+     'quantization.'),
+    ('integer', 'num_calibration_images', 100,
+     '--tflite_quantize=int8: how many images of --calibration_split to '
+     'calibrate on.'),
 )
 flag_table.define(_EXPORT_TABLE)
 
@@ -79,6 +113,13 @@ class ExportJob:
   export_path: Optional[str] = None
   saved_model_dir: Optional[str] = None
   save_inference_graph: bool = False
+  tflite_path: Optional[str] = None
+  tflite_options: Optional[tflite.TfliteOptions] = None
+  # int8 calibration data: the TFRecords folder, its DatasetInfo and the
+  # eval preprocessing.
+  dataset_dir: Optional[str] = None
+  dataset_info: Optional[datasets.DatasetInfo] = None
+  preprocess_options: Optional[config.PreprocessOptions] = None
 
 
 def _num_classes(saved_model):
@@ -95,13 +136,15 @@ def options_from_flags():
     config.ConfigError: missing or contradicting flags, no checkpoint.
   """
   common_flags.require(FLAGS.checkpoint_path, 'checkpoint_path')
-  if not (FLAGS.export_path or FLAGS.saved_model_dir):
-    raise config.ConfigError('--export_path (frozen .pb) and/or '
-                             '--saved_model_dir is required')
+  if not (FLAGS.export_path or FLAGS.saved_model_dir or FLAGS.tflite_path):
+    raise config.ConfigError('--export_path (frozen .pb), --saved_model_dir '
+                             'and/or --tflite_path is required')
   output_paths.check_output_file('export_path', FLAGS.export_path)
   output_paths.check_output_folder('saved_model_dir', FLAGS.saved_model_dir)
+  output_paths.check_output_file('tflite_path', FLAGS.tflite_path)
+  tflite_options = _tflite_options()
   checkpoint = predictor_lib.resolve_checkpoint(FLAGS.checkpoint_path)
-  saved_model, saved_pre, _ = inference_flags.saved_run_config(
+  saved_model, saved_pre, saved_dataset = inference_flags.saved_run_config(
       os.path.dirname(checkpoint))
   model_options = common_flags.model_options(
       _num_classes(saved_model), None, saved=saved_model,
@@ -115,25 +158,90 @@ def options_from_flags():
                    export_options=export_options,
                    export_path=FLAGS.export_path,
                    saved_model_dir=FLAGS.saved_model_dir,
-                   save_inference_graph=FLAGS.save_inference_graph)
+                   save_inference_graph=FLAGS.save_inference_graph,
+                   tflite_path=FLAGS.tflite_path,
+                   tflite_options=tflite_options,
+                   **_calibration_data(tflite_options, saved_dataset,
+                                       saved_pre))
+
+
+def _tflite_options():
+  """TfliteOptions from the flags, or None without --tflite_path."""
+  tflite_flags = ('tflite_quantize', 'calibration_split',
+                  'num_calibration_images')
+  if not FLAGS.tflite_path:
+    given = [f for f in tflite_flags if common_flags.explicitly_set(f)]
+    if given:
+      raise config.ConfigError('--%s only applies to the TFLite model: add '
+                               '--tflite_path' % given[0])
+    return None
+  if FLAGS.tflite_quantize != 'int8':
+    for name in tflite_flags[1:]:
+      if common_flags.explicitly_set(name):
+        logging.warning('--%s is ignored: only --tflite_quantize=int8 '
+                        'calibrates', name)
+  return tflite.TfliteOptions(
+      quantize=FLAGS.tflite_quantize,
+      calibration_split=FLAGS.calibration_split,
+      num_calibration_images=FLAGS.num_calibration_images).validate()
+
+
+def _calibration_data(tflite_options, saved_dataset, saved_pre):
+  """ExportJob's calibration fields (int8 only), checked now: a missing
+  --dataset_dir or empty split fails before any conversion."""
+  if tflite_options is None or tflite_options.quantize != 'int8':
+    return {}
+  tflite.check_calibration_split(FLAGS.dataset_dir,
+                                 tflite_options.calibration_split)
+  return {'dataset_dir': FLAGS.dataset_dir,
+          'dataset_info': datasets.load_dataset_info(
+              common_flags.dataset_name(saved_dataset), FLAGS.dataset_dir),
+          'preprocess_options': inference_flags.preprocess_options(saved_pre)}
 
 
 def run_export(job):
   """Writes the requested exports; returns what was written (a dict)."""
-  frozen, graph_def, _ = freeze.freeze(job.checkpoint, job.model_options,
-                                       job.export_options)
   out = {'checkpoint': job.checkpoint, 'export_path': None,
-         'saved_model_dir': None}
+         'saved_model_dir': None, 'tflite_path': None}
+  # Converted first: a network TFLite refuses fails before anything is
+  # written.
+  tflite_model = _tflite_model(job, out) if job.tflite_path else None
   if job.export_path:
+    frozen, graph_def, _ = freeze.freeze(job.checkpoint, job.model_options,
+                                         job.export_options)
     freeze.write_frozen_graph(frozen, job.export_path)
     out['export_path'] = job.export_path
     if job.save_inference_graph:
       out['inference_graph'] = freeze.write_inference_graph(
           graph_def, job.export_path)
   if job.saved_model_dir:
-    savedmodel.write_saved_model(frozen, job.saved_model_dir)
+    savedmodel.write_saved_model(job.checkpoint, job.model_options,
+                                 job.export_options, job.saved_model_dir)
     out['saved_model_dir'] = job.saved_model_dir
+  if tflite_model is not None:
+    out['tflite_path'] = tflite.write_tflite(tflite_model, job.tflite_path)
+    out['tflite_bytes'] = len(tflite_model)
   return out
+
+
+def _tflite_model(job, out):
+  """The .tflite bytes of the job's network; notes the quantization (and
+  the calibration images used) in `out`."""
+  calibration = None
+  if job.tflite_options.quantize == 'int8':
+    calibration = tflite.calibration_images(
+        job.dataset_dir, job.tflite_options.calibration_split,
+        job.dataset_info, job.preprocess_options,
+        registry.mean_pixel(job.model_options.model_variant),
+        job.export_options.inference.crop_size,
+        job.tflite_options.num_calibration_images)
+  model, used = tflite.convert(job.checkpoint, job.model_options,
+                               job.export_options, job.tflite_options,
+                               calibration=calibration)
+  out['tflite_quantize'] = job.tflite_options.quantize
+  if used is not None:
+    out['calibration_images'] = used
+  return model
 
 
 def _export():

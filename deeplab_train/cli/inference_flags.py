@@ -12,6 +12,7 @@ from deeplab_train import config
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
+from deeplab_train.export import loaded
 
 FLAGS = flags.FLAGS
 
@@ -30,6 +31,30 @@ _INFERENCE_TABLE = (
      'checkpoint. Giving this flag turns follow mode on.'),
 )
 flag_table.define(_INFERENCE_TABLE)
+
+
+def exported_model_kind(path, crop_flag):
+  """The format of --exported_model `path` (export/loaded.KINDS).
+
+  Raises:
+    config.ConfigError: --checkpoint_dir given too, or a flag the exported
+      model cannot honour (`crop_flag`, scales, flips, image pyramid; the
+      resize flags but for a .tflite file, whose input the caller resizes).
+  """
+  if FLAGS.checkpoint_dir:
+    raise config.ConfigError('give --checkpoint_dir or --exported_model, '
+                             'not both')
+  kind = loaded.detect_format(path)
+  names = [crop_flag, 'eval_scales', 'add_flipped_images', 'image_pyramid']
+  if kind != loaded.TFLITE:
+    names += list(config.RESIZE_FIELDS)
+  given = ['--' + n for n in names if common_flags.explicitly_set(n)]
+  if given:
+    raise config.ConfigError(
+        '%s cannot apply to --exported_model: the %s model was made with its '
+        'crop size, scales, flips and resize fixed (deeplab-export); drop '
+        'them' % (', '.join(given), kind))
+  return kind
 
 
 def parse_crop(value, flag_name):

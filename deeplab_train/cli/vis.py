@@ -17,6 +17,12 @@ leaves the per-image PNGs as they are; 'none' (default) draws no legend.
 Class names come from the dataset ('class N' when it names none); the raw
 class-id PNGs never get a legend.
 
+--exported_model=PATH (a frozen .pb, a SavedModel folder or a .tflite file)
+draws with what deeplab-export wrote instead of a checkpoint. Its options
+come from a deeplab_config.json beside it, else from the flags; its crop,
+scales, flips and (but for TFLite) resize were fixed at export, so those
+flags are refused.
+
 Prints one JSON line; exit codes: 0 ok, 2 bad input, 1 unexpected error.
 """
 import dataclasses
@@ -37,6 +43,7 @@ from deeplab_train.data import datasets
 from deeplab_train.evaluation import eval_loop
 from deeplab_train.evaluation import predictor as predictor_lib
 from deeplab_train.evaluation import vis
+from deeplab_train.export import loaded
 from deeplab_train.model import registry
 
 FLAGS = flags.FLAGS
@@ -45,7 +52,8 @@ COMMAND = 'deeplab-vis'
 FLAG_NAMES = {'InferenceOptions.crop_size': 'vis_crop_size',
               'InferenceOptions.scales': 'eval_scales',
               'VisOptions.colormap': 'colormap_type',
-              'VisOptions.legend': 'vis_legend'}
+              'VisOptions.legend': 'vis_legend',
+              'open_exported.path': 'exported_model'}
 
 # deeplab-vis's own flags: output, images, crop and what is drawn.
 _VIS_TABLE = (
@@ -80,7 +88,6 @@ _VIS_TABLE = (
 )
 flag_table.define(_VIS_TABLE)
 
-
 @dataclasses.dataclass(frozen=True)
 class VisJob:
   """What deeplab-vis draws, from which images, into which folder.
@@ -99,6 +106,10 @@ class VisJob:
   image_dir: Optional[str] = None
   dataset_dir: Optional[str] = None
   split: str = 'val'
+  exported_model: Optional[str] = None
+  # The resize a TFLite model's input gets (the other formats resize
+  # inside); preprocess_options then leave the images at their size.
+  exported_resize: Optional[config.PreprocessOptions] = None
 
 
 def _dataset_info(saved_dataset, config_folder):
@@ -130,18 +141,35 @@ def options_from_flags():
   """
   if FLAGS.vis_batch_size < 1:
     raise config.ConfigError('--vis_batch_size must be >= 1')
-  common_flags.require(FLAGS.checkpoint_dir, 'checkpoint_dir',
-                       ' (the train_logdir or a checkpoint prefix)')
+  exported_model = common_flags.exported_model_path()
+  if exported_model:
+    inference_flags.exported_model_kind(exported_model, 'vis_crop_size')
+  else:
+    common_flags.require(FLAGS.checkpoint_dir, 'checkpoint_dir',
+                         ' (the train_logdir or a checkpoint prefix, or '
+                         '--exported_model)')
   common_flags.require(FLAGS.vis_logdir, 'vis_logdir')
   output_paths.check_output_folder('vis_logdir', FLAGS.vis_logdir)
   if FLAGS.max_number_of_iterations != 1:
     logging.warning('--max_number_of_iterations=%d ignored: deeplab-vis '
                     'visualises the latest checkpoint once',
                     FLAGS.max_number_of_iterations)
-  checkpoint = predictor_lib.resolve_checkpoint(FLAGS.checkpoint_dir)
-  folder = os.path.dirname(checkpoint)
+  exported = {}
+  if exported_model:
+    checkpoint = None
+    folder = loaded.run_config_folder(exported_model)
+  else:
+    checkpoint = predictor_lib.resolve_checkpoint(FLAGS.checkpoint_dir)
+    folder = os.path.dirname(checkpoint)
   saved_model, saved_pre, saved_dataset = inference_flags.saved_run_config(
       folder)
+  preprocess_options = inference_flags.preprocess_options(saved_pre)
+  if exported_model:
+    # The images go in at their size: the model resizes them (a TFLite
+    # model's input gets exported_resize).
+    exported = {'exported_model': exported_model,
+                'exported_resize': preprocess_options}
+    preprocess_options = config.PreprocessOptions(crop_size=None).validate()
   info = _dataset_info(saved_dataset, folder)
   return VisJob(
       checkpoint=checkpoint, vis_logdir=FLAGS.vis_logdir,
@@ -149,7 +177,7 @@ def options_from_flags():
       model_options=common_flags.model_options(
           info.num_classes, None, saved=saved_model,
           num_classes_from=common_flags.classes_source(FLAGS.dataset_dir)),
-      preprocess_options=inference_flags.preprocess_options(saved_pre),
+      preprocess_options=preprocess_options,
       inference=inference_flags.inference_options(
           'vis_crop_size', 'eval_scales').validate(),
       vis_options=config.VisOptions(
@@ -160,7 +188,7 @@ def options_from_flags():
           overlay_alpha=FLAGS.overlay_alpha,
           legend=FLAGS.vis_legend).validate(),
       image_dir=FLAGS.image_dir, dataset_dir=FLAGS.dataset_dir,
-      split=FLAGS.vis_split)
+      split=FLAGS.vis_split, **exported)
 
 
 def _samples(job):
@@ -181,9 +209,20 @@ def run_vis(job):
   eval_ids = (vis.CITYSCAPES_TRAIN_ID_TO_EVAL_ID
               if info.name == 'cityscapes' else None)
   samples = _samples(job)
-  with predictor_lib.Predictor(job.model_options, job.inference) as predictor:
-    predictor.restore(job.checkpoint)
-    return vis.visualize(predictor, samples, job.vis_logdir, colormap,
+  if job.exported_model:
+    model = loaded.open_exported(
+        job.exported_model,
+        registry.mean_pixel(job.model_options.model_variant),
+        job.exported_resize)
+  else:
+    model = predictor_lib.Predictor(job.model_options, job.inference)
+  with model:
+    if job.exported_model:
+      model.check_num_classes(info.num_classes,
+                              common_flags.classes_source(job.dataset_dir))
+    else:
+      model.restore(job.checkpoint)
+    return vis.visualize(model, samples, job.vis_logdir, colormap,
                          job.vis_options, batch_size=job.batch_size,
                          train_id_to_eval_id=eval_ids,
                          class_names=info.class_names,
@@ -193,8 +232,10 @@ def run_vis(job):
 def _vis():
   job = options_from_flags()
   count = run_vis(job)
+  extra = ({'exported_model': job.exported_model} if job.exported_model
+           else {})
   app.print_result('ok', checkpoint=job.checkpoint, num_images=count,
-                   vis_logdir=job.vis_logdir)
+                   vis_logdir=job.vis_logdir, **extra)
 
 
 main = inference_flags.main_for(COMMAND, _vis, FLAG_NAMES)

@@ -15,6 +15,10 @@ JSON and as TensorBoard scalars with the original's tags
 goes to eval_logdir as `confusion_matrix.csv` (pixel counts) and
 `confusion_matrix.png` (row-normalised heatmap); in follow mode each
 evaluation overwrites them, so they are the latest checkpoint's.
+
+`evaluate_exported` scores an exported model (frozen graph, SavedModel or
+TFLite, see export/loaded.py) once, with the same outputs; its scales and
+flips are baked in, so its TensorBoard tag is `eval/miou_exported`.
 """
 import logging
 import os
@@ -127,7 +131,8 @@ def score(predictor, samples, num_classes, ignore_label, batch_size=1):
   """Confusion matrix of the predictor's labels over samples.
 
   Args:
-    predictor: a restored Predictor.
+    predictor: a restored Predictor, or an open exported model
+      (export/loaded.py): predict(list of images, names=...) -> labels.
     samples: iterable of dicts with 'image', 'label', 'name'.
     num_classes: classes of the dataset.
     ignore_label: label value not scored.
@@ -151,13 +156,20 @@ def score(predictor, samples, num_classes, ignore_label, batch_size=1):
 
 
 def summary_tag(inference):
-  """The original's metric tag, e.g. 'miou_1.0' or 'miou_0.5_1.0_flipped'."""
+  """The original's metric tag, e.g. 'miou_1.0' or 'miou_0.5_1.0_flipped';
+  'miou_exported' for an exported model (inference None)."""
+  if inference is None:
+    return 'miou_exported'
   tag = 'miou' + ''.join('_' + str(s) for s in inference.scales)
   return tag + ('_flipped' if inference.add_flipped_images else '')
 
 
 def write_summaries(eval_logdir, result, inference):
-  """Appends the result's scalars to the TensorBoard events in eval_logdir."""
+  """Appends the result's scalars to the TensorBoard events in eval_logdir.
+
+  inference: the InferenceOptions of a checkpoint's evaluation, or None for
+  an exported model's (see `summary_tag`).
+  """
   tag = 'eval/' + summary_tag(inference)
   values = [tf.Summary.Value(tag=tag + '_overall',
                              simple_value=_finite(result['miou'])),
@@ -313,12 +325,75 @@ def evaluate(checkpoint_dir, eval_logdir, model_options, inference,
   return results
 
 
+def evaluate_exported(model, eval_logdir, eval_options, dataset_info,
+                      make_samples, on_result=None):
+  """Scores an exported model once, with a checkpoint's outputs.
+
+  Args:
+    model: an open ExportedModel (export/loaded.py).
+    eval_logdir: where summaries, the confusion matrix files and the default
+      result JSON go.
+    eval_options: EvalOptions (follow mode is not for exported models).
+    dataset_info: DatasetInfo of the split.
+    make_samples: fn() -> iterable of samples (see `iterate_split`) at the
+      images' own size: the model resizes them itself.
+    on_result: fn(result dict, SegmentationMetrics) called with the result.
+
+  Returns:
+    [the result dict]: the checkpoint result's keys, with 'checkpoint' and
+    'global_step' None, plus 'exported_model' (the path) and
+    'exported_format' (its kind); 'eval_crop_size' is the model's fixed
+    input size (None if it takes any size); scales and flips are None
+    (baked into the model).
+
+  Raises:
+    ImageTooLargeError, ExportedModelError, InputDataError, LabelRangeError:
+      bad input.
+    ResultNotWrittenError: eval_logdir, a file in it or the result JSON not
+      writable.
+  """
+  eval_options.validate()
+  if eval_options.follow:
+    raise config.ConfigError(
+        'follow mode ({EvalOptions.eval_interval_secs}) watches a checkpoint '
+        'directory; an exported model is evaluated once')
+  start = time.time()
+  confusion, count = score(model, make_samples(), dataset_info.num_classes,
+                           dataset_info.ignore_label, eval_options.batch_size)
+  if count == 0:
+    raise InputDataError('split %r has no images' % eval_options.split)
+  scores = confusion.result(dataset_info.class_names)
+  result = {'checkpoint': None,
+            'exported_model': model.path,
+            'exported_format': model.kind,
+            'global_step': None,
+            'dataset': dataset_info.name,
+            'split': eval_options.split,
+            'num_images': count,
+            'eval_crop_size': (list(model.input_size)
+                               if model.input_size else None),
+            'eval_scales': None,
+            'add_flipped_images': None,
+            'seconds': round(time.time() - start, 3)}
+  result.update(scores.to_dict())
+  result_json = eval_options.result_json or os.path.join(eval_logdir,
+                                                         RESULT_FILENAME)
+  _write_outputs(eval_logdir, result_json, result, scores, None)
+  if on_result is not None:
+    on_result(result, scores)
+  return [result]
+
+
 def heatmap_title(result):
-  """E.g. 'confusion matrix of step 7 (split val): mIoU 0.4321'."""
+  """E.g. 'confusion matrix of step 7 (split val): mIoU 0.4321' (of an
+  exported model: 'confusion matrix of frozen.pb (split val): ...')."""
   miou = result['miou']
-  return 'confusion matrix of step %s (split %s): mIoU %s' % (
-      result['global_step'], result['split'],
-      '-' if miou is None else '%.4f' % miou)
+  if result.get('exported_model'):
+    what = os.path.basename(os.path.normpath(result['exported_model']))
+  else:
+    what = 'step %s' % result['global_step']
+  return 'confusion matrix of %s (split %s): mIoU %s' % (
+      what, result['split'], '-' if miou is None else '%.4f' % miou)
 
 
 def _write_outputs(eval_logdir, result_json, result, scores, inference):

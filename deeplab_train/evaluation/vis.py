@@ -201,7 +201,8 @@ def visualize(predictor, samples, vis_logdir, colormap, vis_options,
   """Predicts each sample and writes its PNGs (and legend.png, first).
 
   Args:
-    predictor: a restored Predictor.
+    predictor: a restored Predictor, or an open exported model
+      (export/loaded.py): predict(list of images, names=...) -> labels.
     samples: iterable of sample dicts with 'image', 'name', 'height',
       'width', 'original_image'.
     vis_logdir: output folder.

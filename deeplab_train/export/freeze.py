@@ -45,23 +45,28 @@ def _resize_to_range(image, export_options):
   return image
 
 
-def _pad_to_crop(image, crop_size, mean_pixel):
-  """Pads [h, w, 3] bottom/right to crop_size with mean_pixel.
+def pad_to_crop(images, crop_size, mean_pixel):
+  """Pads images [..., h, w, 3] bottom/right to crop_size with mean_pixel:
+  `images - mean` padded with zeros, plus the mean (the frozen graph's
+  arithmetic, which the SavedModel's signatures share bit for bit).
 
   The graph refuses (at run time, with a message) an image larger than the
   crop: the network is built for that size.
   """
-  size = tf.shape(image)[:2]
+  size = tf.shape(images)[-3:-1]
   fits = tf.debugging.assert_less_equal(
       size, tf.constant(crop_size, tf.int32),
       message='input image (after any resize) is larger than the export crop '
               'size %d,%d; re-export with a larger crop_size or with '
               'max_resize_value' % tuple(crop_size))
   mean = tf.constant(mean_pixel, tf.float32)
+  leading = images.shape.ndims - 3
   with tf.control_dependencies([fits]):
-    padding = [[0, crop_size[0] - size[0]], [0, crop_size[1] - size[1]], [0, 0]]
-    padded = tf.pad(image - mean, padding) + mean
-  padded.set_shape([crop_size[0], crop_size[1], 3])
+    padding = [[0, 0]] * leading + [[0, crop_size[0] - size[0]],
+                                    [0, crop_size[1] - size[1]], [0, 0]]
+    padded = tf.pad(images - mean, padding) + mean
+  padded.set_shape(images.shape[:leading].concatenate(
+      [crop_size[0], crop_size[1], 3]))
   return padded
 
 
@@ -93,7 +98,7 @@ def build_export_graph(model_options, export_options):
   image = _resize_to_range(tf.cast(input_image[0], tf.float32),
                            export_options)
   resized_size = tf.shape(image)[:2]
-  image = tf.expand_dims(_pad_to_crop(image, crop_size, mean_pixel), 0)
+  image = tf.expand_dims(pad_to_crop(image, crop_size, mean_pixel), 0)
 
   predictions = predictor.build_predictions(image, options,
                                             export_options.inference)
