@@ -244,7 +244,7 @@ def test_demo_runs_the_voc_scripts_with_its_settings(tmp_path):
           '--checkpoint_path=%s/train/model.ckpt-5' % work,
           '--export_path=%s/export/frozen_inference_graph.pb' % work,
           '--saved_model_dir=%s/export/saved_model' % work,
-          '--crop_size=257,257']}
+          '--crop_size=289,289']}
   for command, flags in expected.items():
     missing = [f for f in flags if f not in commands[command]]
     assert not missing, (command, missing, commands[command])
