@@ -20,7 +20,7 @@ demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist worksteal --durations=25 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_input.py

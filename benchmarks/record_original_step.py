@@ -6,7 +6,11 @@ commit 4456f24 ported to current TensorFlow works):
 
     source DIR/env.sh
     python benchmarks/record_original_step.py \\
-        --out tests/reference/training_step
+        --out tests/reference/training_step/KIND
+
+KIND is avx512 or avx2, the kind of CPU this runs on (oneDNN's float32
+kernels differ between the two, and so do the original's results; the
+test compares a machine with the recording of its own kind).
 
 For each case below it runs the original's own train.py `main` with the
 case's flags, with three measuring points patched in and nothing else: the
