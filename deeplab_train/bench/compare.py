@@ -433,7 +433,10 @@ def run_trainer(trainer, job, data, work_dir, round_index):
   name = 'round%d-%s' % (round_index, trainer.name)
   logdir = os.path.join(work_dir, name)
   log_path = os.path.join(work_dir, name + '.log')
-  env = dict(os.environ)
+  # Each trainer as shipped: the original without the settings our
+  # commands give themselves (cpu_lib.apply_process_settings).
+  env = (cpu_lib.environ_without_own_settings()
+         if trainer.name == ORIGINAL_NAME else dict(os.environ))
   env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   argv = _run_args(trainer, logdir, data, job.options.steps)
   logging.info('round %d/%d: training %s (log %s)', round_index,

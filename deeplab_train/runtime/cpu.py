@@ -1,5 +1,6 @@
 """What this machine's CPU can do, from /proc/cpuinfo, and the speed
-settings chosen from it (--mixed_precision=auto).
+settings chosen from it (--mixed_precision=auto), and the environment
+settings every deeplab-train command gives its own process.
 
 No TensorFlow here: flags are resolved before it is imported.
 """
@@ -71,3 +72,41 @@ def auto_mixed_precision(features):
     return 'bf16', 'this CPU has native bfloat16 (%s)' % (
         'AMX' if features.get('amx') else 'AVX512_BF16')
   return 'none', 'this CPU has no native bfloat16 (AVX512_BF16 or AMX)'
+
+
+# TensorFlow reads this when it makes its CPU allocator. With it, freed
+# tensor memory is kept and reused (a best-fit-with-coalescing pool) instead
+# of going back to malloc, which maps large blocks fresh for every step: a
+# mobilenet_v2 OS8 training step (crop 321, batch 4) took 1.27x less time
+# and 4x fewer page faults, with a lower peak RSS (docs/speed.md).
+ALLOCATOR_ENV = 'TF_CPU_ALLOCATOR_USE_BFC'
+_PROCESS_SETTINGS = {ALLOCATOR_ENV: 'true'}
+# What apply_process_settings set (not what the user had set).
+_set_here = {}
+
+
+def apply_process_settings(environ=None):
+  """Sets the process settings the user has not set in the environment
+  (an explicit value, e.g. TF_CPU_ALLOCATOR_USE_BFC=false, wins).
+
+  Must run before TensorFlow makes its first allocation; the command-line
+  package does it on import. Returns {name: value} of what it set.
+  """
+  environ = os.environ if environ is None else environ
+  added = {name: value for name, value in _PROCESS_SETTINGS.items()
+           if name not in environ}
+  environ.update(added)
+  if environ is os.environ:
+    _set_here.update(added)
+  return added
+
+
+def environ_without_own_settings():
+  """A copy of os.environ without what apply_process_settings set: the
+  environment of another program (e.g. the original trainer measured
+  beside deeplab-train), as the user's shell would give it."""
+  env = dict(os.environ)
+  for name, value in _set_here.items():
+    if env.get(name) == value:
+      del env[name]
+  return env
