@@ -77,14 +77,15 @@ def _recording_dir(reference_dir):
           recording_kind(cpu_lib.machine_cpu()))
 
 
-def _cases(reference_dir):
-  with open(_recording_dir(reference_dir) / 'cases.json') as f:
+def _cases(recording_dir):
+  with open(recording_dir / 'cases.json') as f:
     return json.load(f)
 
 
 def _case_names():
   # Parametrisation happens before fixtures exist: the folder by path.
-  return sorted(_cases(pathlib.Path(__file__).parent / 'reference'))
+  return sorted(_cases(_recording_dir(
+      pathlib.Path(__file__).parent / 'reference')))
 
 
 def _options_from_argv(argv):
@@ -132,8 +133,9 @@ def _unpack(facts, kind):
 @pytest.fixture(scope='module', params=_case_names())
 def case(request, reference_dir):
   name = request.param
-  facts = dict(np.load(_recording_dir(reference_dir) / (name + '.npz')))
-  return name, _cases(reference_dir)[name]['argv'], facts
+  folder = _recording_dir(reference_dir)
+  facts = dict(np.load(folder / (name + '.npz')))
+  return name, _cases(folder)[name]['argv'], facts
 
 
 @pytest.fixture(scope='module')
@@ -315,8 +317,7 @@ def test_every_cpu_kind_has_a_recording_of_the_same_cases(reference_dir):
   recordings = {}
   for kind in ('avx512', 'avx2'):
     folder = reference_dir / 'training_step' / kind
-    with open(folder / 'cases.json') as f:
-      cases = json.load(f)
+    cases = _cases(folder)
     recordings[kind] = {name: _flags_without_paths(c['argv'])
                         for name, c in cases.items()}
     for name in cases:

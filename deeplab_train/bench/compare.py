@@ -176,6 +176,8 @@ class Trainer(NamedTuple):
   command: Tuple[str, ...]
   args: Tuple[str, ...]
   parse_log: Callable[[str], List[StepLog]]
+  # A fresh copy of the environment it runs in.
+  environ: Callable[[], dict]
 
 
 def check_original_dir(original_dir):
@@ -396,12 +398,14 @@ def trainers(job):
   original = Trainer(
       ORIGINAL_NAME, original_command(job.options.original_dir),
       job.shared_args + ('--save_interval_secs=0', '--save_summaries_secs=0'),
-      parse_original_log)
+      parse_original_log,
+      # As shipped: without the settings our commands give themselves.
+      cpu_lib.environ_without_own_settings)
   ours = Trainer(
       OURS_NAME, tuple(job.ours_command),
       job.shared_args + job.ours_only_args + (
           '--save_interval_secs=0', '--save_summaries_secs=0'),
-      parse_ours_log)
+      parse_ours_log, lambda: dict(os.environ))
   return original, ours
 
 
@@ -433,10 +437,7 @@ def run_trainer(trainer, job, data, work_dir, round_index):
   name = 'round%d-%s' % (round_index, trainer.name)
   logdir = os.path.join(work_dir, name)
   log_path = os.path.join(work_dir, name + '.log')
-  # Each trainer as shipped: the original without the settings our
-  # commands give themselves (cpu_lib.apply_process_settings).
-  env = (cpu_lib.environ_without_own_settings()
-         if trainer.name == ORIGINAL_NAME else dict(os.environ))
+  env = trainer.environ()
   env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   argv = _run_args(trainer, logdir, data, job.options.steps)
   logging.info('round %d/%d: training %s (log %s)', round_index,
