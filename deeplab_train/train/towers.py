@@ -106,7 +106,8 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0'):
     with tf.variable_scope(tf.get_variable_scope(), reuse=True if i else None):
       with tf.name_scope('tower_%d' % i) as name_scope:
         with tf.device(device_chooser(device, variables_device)):
-          with layers.recording() as rec:
+          with layers.recording() as rec, \
+              layers.folding_frozen_batch_norm():
             data_loss, losses, outputs = tower_fn(i)
     towers.append(Tower(i, device, name_scope, data_loss, losses, outputs,
                         list(rec.regularization_losses),

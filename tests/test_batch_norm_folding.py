@@ -1,0 +1,106 @@
+"""A frozen BatchNorm folded into its convolution in the training towers:
+the same outputs and gradients as the BN op, and no BN op left in a
+frozen-BN training graph."""
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from deeplab_train import config
+from deeplab_train.model import layers
+from deeplab_train.train import graph as graph_lib
+
+CHANNELS = 6
+
+
+def _frozen_params():
+  return layers.ConvParams(batch_norm=layers.BatchNormParams(epsilon=1e-3),
+                           bn_training=False, activation=tf.nn.relu6)
+
+
+def _set_batch_norm_variables(sess, rng):
+  """Gives every BatchNorm variable values far from its initial ones."""
+  for v in tf.global_variables():
+    if '/BatchNorm/' not in v.op.name:
+      continue
+    n = int(v.shape[0])
+    low, high = ((0.2, 3.0) if v.op.name.endswith(('gamma', 'variance'))
+                 else (-1.5, 1.5))
+    v.load(rng.uniform(low, high, n).astype(np.float32), sess)
+
+
+LAYERS = {
+    'pointwise': lambda x, p: layers.conv2d(x, 5, 1, p, 'conv'),
+    '3x3': lambda x, p: layers.conv2d(x, 5, 3, p, 'conv'),
+    '3x3 stride 2': lambda x, p: layers.conv2d(x, 5, 3, p, 'conv', stride=2),
+    '3x3 rate 2': lambda x, p: layers.conv2d(x, 5, 3, p, 'conv', rate=2),
+    'depthwise': lambda x, p: layers.depthwise_conv2d(x, 3, p, 'dw'),
+    'depthwise rate 2': lambda x, p: layers.depthwise_conv2d(x, 3, p, 'dw',
+                                                             rate=2),
+    'depthwise multiplier 2 stride 2': lambda x, p: layers.depthwise_conv2d(
+        x, 3, p, 'dw', depth_multiplier=2, stride=2),
+}
+
+
+def _outputs_and_gradients(layer, fold):
+  rng = np.random.RandomState(0)
+  x_value = rng.uniform(-2, 2, (2, 9, 11, CHANNELS)).astype(np.float32)
+  with tf.Graph().as_default():
+    tf.set_random_seed(1)
+    x = tf.constant(x_value)
+    if fold:
+      with layers.folding_frozen_batch_norm():
+        y = layer(x, _frozen_params())
+    else:
+      y = layer(x, _frozen_params())
+    variables = sorted(tf.trainable_variables(), key=lambda v: v.op.name)
+    names = [v.op.name for v in variables]
+    dy = tf.constant(rng.uniform(-1, 1, y.shape.as_list()).astype(np.float32))
+    grads = tf.gradients(y, [x] + variables, dy)
+    op_types = {op.type for op in tf.get_default_graph().get_operations()}
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      _set_batch_norm_variables(sess, rng)
+      values = sess.run([y] + grads)
+  return names, values, op_types
+
+
+@pytest.mark.parametrize('name', sorted(LAYERS))
+def test_folded_frozen_batch_norm_equals_the_batch_norm_op(name):
+  names, plain, plain_ops = _outputs_and_gradients(LAYERS[name], fold=False)
+  folded_names, folded, folded_ops = _outputs_and_gradients(LAYERS[name],
+                                                            fold=True)
+  assert folded_names == names
+  assert any('BatchNorm/gamma' in n for n in names), names
+  assert any('FusedBatchNorm' in t for t in plain_ops)
+  assert not any('FusedBatchNorm' in t for t in folded_ops), folded_ops
+  labels = ['output', 'd/dx'] + ['d/d' + n for n in names]
+  for label, a, b in zip(labels, plain, folded):
+    assert a.shape == b.shape, label
+    scale = max(float(np.max(np.abs(a))), 1e-3)
+    np.testing.assert_allclose(b, a, rtol=0, atol=2e-5 * scale,
+                               err_msg=label)
+
+
+def _training_graph_op_types(fine_tune_batch_norm):
+  model = config.ModelOptions(
+      num_classes=3, model_variant='mobilenet_v2', crop_size=(33, 33),
+      output_stride=16, depth_multiplier=0.25).validate()
+  train = config.TrainOptions(
+      train_batch_size=2, training_number_of_steps=10,
+      fine_tune_batch_norm=fine_tune_batch_norm).validate()
+
+  def input_fn():
+    return {'image': tf.zeros([2, 33, 33, 3]),
+            'label': tf.zeros([2, 33, 33, 1], tf.int32)}
+  built = graph_lib.build_training_graph(model, train, ignore_label=255,
+                                         input_fn=input_fn)
+  return {op.type for op in built.graph.get_operations()}
+
+
+def test_training_graph_folds_only_frozen_batch_norm():
+  frozen = _training_graph_op_types(fine_tune_batch_norm=False)
+  assert not any('FusedBatchNorm' in t for t in frozen), sorted(frozen)
+  assert 'BiasAdd' in frozen
+  trained = _training_graph_op_types(fine_tune_batch_norm=True)
+  assert 'FusedBatchNormV3' in trained
+  assert 'FusedBatchNormGradV3' in trained
