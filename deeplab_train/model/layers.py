@@ -222,17 +222,19 @@ def folding_frozen_batch_norm():
     _state.fold = before
 
 
-def _folds_batch_norm(params, normalize):
-  return (normalize and params.batch_norm is not None
-          and not params.bn_training and getattr(_state, 'fold', False))
-
-
-def _folded_weights(w, params, depthwise=False, scope='BatchNorm'):
-  """(w scaled per output channel, offset) of a frozen BN under `scope`.
+def _fold_batch_norm(w, params, normalize, depthwise=False,
+                     scope='BatchNorm'):
+  """(weights, offset) of a layer whose frozen BN under `scope` is folded
+  into it: w scaled per output channel, and the offset to add after the
+  convolution. (w, None) when BN is not folded here (no BN, trained BN, or
+  outside `folding_frozen_batch_norm`).
 
   The output channels are w's last dimension, or for depthwise weights
   [kh, kw, in, multiplier] the in x multiplier pairs.
   """
+  if not (normalize and params.batch_norm is not None
+          and not params.bn_training and getattr(_state, 'fold', False)):
+    return w, None
   bn = params.batch_norm
   out_shape = w.shape[-2:] if depthwise else w.shape[-1:]
   channels = int(out_shape.num_elements())
@@ -283,9 +285,7 @@ def conv2d(x, num_outputs, kernel_size, params: ConvParams, scope,
   kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
   with tf.variable_scope(scope):
     w = _weights('weights', [kh, kw, x.shape[-1], num_outputs], params)
-    offset = None
-    if _folds_batch_norm(params, normalize):
-      w, offset = _folded_weights(w, params)
+    w, offset = _fold_batch_norm(w, params, normalize)
     if (kh, kw) == (1, 1) and stride == 1:
       y = _pointwise(x, _compute_dtype(x, w))
     elif rate > 1 and stride == 1:
@@ -335,9 +335,7 @@ def depthwise_conv2d(x, kernel_size, params: ConvParams, scope,
   with tf.variable_scope(scope):
     w = _weights('depthwise_weights', [kh, kw, channels, depth_multiplier],
                  params, regularize=params.regularize_depthwise)
-    offset = None
-    if _folds_batch_norm(params, normalize):
-      w, offset = _folded_weights(w, params, depthwise=True)
+    w, offset = _fold_batch_norm(w, params, normalize, depthwise=True)
     y = tf.nn.depthwise_conv2d(
         x, _compute_dtype(x, w), strides=[1, stride, stride, 1],
         padding=padding, dilations=list(_pair(rate)))
