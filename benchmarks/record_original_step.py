@@ -8,9 +8,12 @@ commit 4456f24 ported to current TensorFlow works):
     python benchmarks/record_original_step.py \\
         --out tests/reference/training_step/KIND
 
-KIND is avx512 or avx2, the kind of CPU this runs on (oneDNN's float32
-kernels differ between the two, and so do the original's results; the
-test compares a machine with the recording of its own kind).
+with TF_ENABLE_ONEDNN_OPTS=1 (as every deeplab-* command and the tests run
+TensorFlow). KIND is avx512 or avx2, the kind of CPU this runs on, or
+avx2_without_onednn when recorded with TF_ENABLE_ONEDNN_OPTS=0: oneDNN's
+float32 kernels differ from TensorFlow's own and between the two kinds
+of CPU, and so do the original's results; the test compares a process
+with the recording of its own kind.
 
 For each case below it runs the original's own train.py `main` with the
 case's flags, with three measuring points patched in and nothing else: the

@@ -4,6 +4,13 @@ import pathlib
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+# The tests run TensorFlow with the settings every deeplab-* command gives
+# its process (oneDNN kernels, the BFC allocator): the float32 results of a
+# training step depend on the kernels (tests/test_training_step.py).
+from deeplab_train.runtime import cpu as _cpu  # noqa: E402
+
+_cpu.apply_process_settings()
+
 import pytest  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

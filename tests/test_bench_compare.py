@@ -156,27 +156,34 @@ def test_cpu_features_from_cpuinfo():
 
 def test_process_settings_leave_the_users_own_values():
   environ = {}
-  assert cpu_lib.apply_process_settings(environ) == {
-      'TF_CPU_ALLOCATOR_USE_BFC': 'true'}
-  assert environ == {'TF_CPU_ALLOCATOR_USE_BFC': 'true'}
+  ours = {'TF_CPU_ALLOCATOR_USE_BFC': 'true', 'TF_ENABLE_ONEDNN_OPTS': '1'}
+  assert cpu_lib.apply_process_settings(environ) == ours
+  assert environ == ours
   mine = {'TF_CPU_ALLOCATOR_USE_BFC': 'false'}
-  assert cpu_lib.apply_process_settings(mine) == {}
-  assert mine == {'TF_CPU_ALLOCATOR_USE_BFC': 'false'}
+  assert cpu_lib.apply_process_settings(mine) == {'TF_ENABLE_ONEDNN_OPTS': '1'}
+  assert mine == {'TF_CPU_ALLOCATOR_USE_BFC': 'false',
+                  'TF_ENABLE_ONEDNN_OPTS': '1'}
+  mine = {'TF_ENABLE_ONEDNN_OPTS': '0'}
+  assert cpu_lib.apply_process_settings(mine) == {
+      'TF_CPU_ALLOCATOR_USE_BFC': 'true'}
+  assert mine['TF_ENABLE_ONEDNN_OPTS'] == '0'
 
 
 def test_commands_give_their_process_the_settings_before_tensorflow():
   code = ('import os, sys; import deeplab_train.cli; '
           'print(os.environ.get("TF_CPU_ALLOCATOR_USE_BFC"), '
+          'os.environ.get("TF_ENABLE_ONEDNN_OPTS"), '
           '"tensorflow" in sys.modules)')
   env = {k: v for k, v in os.environ.items()
-         if k != 'TF_CPU_ALLOCATOR_USE_BFC'}
+         if k not in ('TF_CPU_ALLOCATOR_USE_BFC', 'TF_ENABLE_ONEDNN_OPTS')}
   out = subprocess.run([sys.executable, '-c', code], env=env, check=True,
                        capture_output=True, text=True).stdout
-  assert out.split() == ['true', 'False']
+  assert out.split() == ['true', '1', 'False']
   env['TF_CPU_ALLOCATOR_USE_BFC'] = 'false'
+  env['TF_ENABLE_ONEDNN_OPTS'] = '0'
   out = subprocess.run([sys.executable, '-c', code], env=env, check=True,
                        capture_output=True, text=True).stdout
-  assert out.split() == ['false', 'False']
+  assert out.split() == ['false', '0', 'False']
 
 
 def test_split_flag_args_keeps_ours_only_flags_apart():
@@ -237,7 +244,7 @@ for a in "$@"; do
 done
 echo {name} >> {work}/order
 echo "$@" >> {work}/args-{name}
-echo "${TF_CPU_ALLOCATOR_USE_BFC:-unset}" >> {work}/allocator-{name}
+echo "${TF_CPU_ALLOCATOR_USE_BFC:-unset},${TF_ENABLE_ONEDNN_OPTS:-unset}" >> {work}/allocator-{name}
 for i in $(seq 1 $steps); do
   t={steady}; [ $i -eq 1 ] && t=9.000
   {line}
@@ -284,8 +291,10 @@ def test_comparison_alternates_the_trainers(tmp_path, fake_original,
                                            monkeypatch):
   # As in a deeplab-bench process: the commands' own settings applied.
   monkeypatch.delenv(cpu_lib.ALLOCATOR_ENV, raising=False)
+  monkeypatch.delenv(cpu_lib.ONEDNN_ENV, raising=False)
   monkeypatch.setattr(cpu_lib, '_set_here', {})
-  assert cpu_lib.apply_process_settings() == {cpu_lib.ALLOCATOR_ENV: 'true'}
+  assert cpu_lib.apply_process_settings() == {cpu_lib.ALLOCATOR_ENV: 'true',
+                                              cpu_lib.ONEDNN_ENV: '1'}
   ours = _fake_trainer(tmp_path / 'ours.sh', tmp_path, 'ours', '0.300',
                        _OURS_LINE)
   result = compare.run_comparison(_job(fake_original, (str(ours),)))
@@ -303,10 +312,12 @@ def test_comparison_alternates_the_trainers(tmp_path, fake_original,
   logdirs = [a for a in args['original'].split() + args['ours'].split()
              if a.startswith('--train_logdir=')]
   assert len(set(logdirs)) == 4
-  # Each trainer as shipped: our allocator setting is not the original's.
+  # Each trainer as shipped: our allocator and oneDNN settings are not the
+  # original's.
   assert (tmp_path / 'allocator-original').read_text().split() == [
-      'unset', 'unset']
-  assert (tmp_path / 'allocator-ours').read_text().split() == ['true', 'true']
+      'unset,unset', 'unset,unset']
+  assert (tmp_path / 'allocator-ours').read_text().split() == ['true,1',
+                                                               'true,1']
   # The warm-up step (9 s) is dropped: 0.6 s vs 0.3 s per step.
   assert result['original_seconds_per_step'] == pytest.approx(0.6)
   assert result['ours_seconds_per_step'] == pytest.approx(0.3)
