@@ -82,17 +82,17 @@ def test_folded_frozen_batch_norm_equals_the_batch_norm_op(name):
 
 
 def _training_graph(fine_tune_batch_norm, model_variant='mobilenet_v2',
-                    crop=33, **model_fields):
+                    **model_fields):
   model = config.ModelOptions(
-      num_classes=3, model_variant=model_variant, crop_size=(crop, crop),
+      num_classes=3, model_variant=model_variant, crop_size=(33, 33),
       output_stride=16, **model_fields).validate()
   train = config.TrainOptions(
       train_batch_size=2, training_number_of_steps=10,
       fine_tune_batch_norm=fine_tune_batch_norm, clone_on_cpu=True).validate()
 
   def input_fn():
-    return {'image': tf.zeros([2, crop, crop, 3]),
-            'label': tf.zeros([2, crop, crop, 1], tf.int32)}
+    return {'image': tf.zeros([2, 33, 33, 3]),
+            'label': tf.zeros([2, 33, 33, 1], tf.int32)}
   return graph_lib.build_training_graph(model, train, ignore_label=255,
                                         input_fn=input_fn)
 
@@ -115,7 +115,7 @@ def test_grappler_optimises_a_folded_xception_training_step(capfd):
   xception_65 training graph: with the folded offsets as BiasAdd ops its
   remapper failed on the shortcut's convolution and residual add, logged
   "remapper failed" and left the graph without any of its fusions."""
-  built = _training_graph(False, model_variant='xception_65', crop=33)
+  built = _training_graph(False, model_variant='xception_65')
   with built.graph.as_default(), tf.Session() as sess:
     sess.run(tf.global_variables_initializer())
     capfd.readouterr()

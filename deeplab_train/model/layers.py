@@ -249,10 +249,10 @@ def _fold_batch_norm(w, params, normalize, depthwise=False,
 def _finish(x, params, activation, use_bias, num_outputs, normalize,
             folded_offset=None):
   if folded_offset is not None:
-    # An add, not a BiasAdd: grappler's remapper fuses a strided Conv2D,
-    # BiasAdd and the residual Add that follows (xception's shortcut) and
-    # then fails on the graph ("remapper failed: ... Mutation::Apply
-    # error"), which drops every remapper fusion of the training graph.
+    # An add, not a BiasAdd: with BiasAdd, grappler's remapper failed on
+    # the xception_65 frozen-BN training graph ("remapper failed: ...
+    # Mutation::Apply error" naming its residual adds) and so dropped every
+    # remapper fusion of the graph (tests/test_batch_norm_folding.py).
     x = tf.add(x, _compute_dtype(x, folded_offset))
   elif normalize and params.batch_norm is not None:
     x = batch_norm(x, params)
