@@ -631,10 +631,13 @@ def test_killed_chief_restarts_from_the_last_checkpoint(tmp_path, records,
       cluster.logdir / ('model.ckpt-%d' % last)) in log
   # The restarted chief took over the dead one's logdir lock.
   assert 'Taking over the stale lock' in log
-  # It went on from the checkpoint's step, not from scratch (worker 1, back
-  # at work as soon as the chief handed out tokens, may have made a few
-  # updates before the chief's first step ended).
-  assert last <= min(cluster.steps('worker0_restarted')) < steps
+  # It went on from the checkpoint's step, not from scratch. Worker 1, back
+  # at work as soon as the chief handed out tokens, can make updates while
+  # the chief's first step runs (the chief's queue runner applies them): on a
+  # slow machine it made all the remaining ones, and the chief's only
+  # progress line was the last step's.
+  logged = cluster.steps('worker0_restarted')
+  assert logged and last <= min(logged) <= steps, logged
 
 
 @pytest.mark.slow
