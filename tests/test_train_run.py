@@ -314,6 +314,7 @@ def test_stop_follows_the_step_read_after_the_update():
       return runs
 
     assert steps_run(hooks_lib.LastStepHook(step_after, 4)) == 2
-    # TensorFlow's hook, reading the step as the step starts, runs a third.
-    assert steps_run(tf.train.StopAtStepHook(last_step=4)) == 3
     assert steps_run(hooks_lib.LastStepHook(step_after, 5)) == 3
+    # (TensorFlow's StopAtStepHook is no reference here: it fetches the step
+    # in the same run as the update, unordered with it, so it reads either
+    # value; it ran 3 steps here at 4 most of the time, and 2 in one CI run.)
