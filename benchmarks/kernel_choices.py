@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Alternative ways to compute a few of a training step's ops, timed alone.
+
+    python benchmarks/kernel_choices.py [--only matmul,reduce,atrous]
+                                        [--repeats 15] [--threads 2]
+
+Measures, on this machine and with the settings of the deeplab-* commands
+(oneDNN kernels, the BFC allocator), the candidates that docs/speed.md
+weighs before changing how the model builds an op:
+
+- matmul: GFLOP/s of the three products of a 1x1 convolution (forward,
+  input gradient, weight gradient) for shapes of mobilenet_v2 OS8 (batch 4)
+  and xception_65 OS16 (batch 2) at crop 321, and for channel counts near
+  xception's 728 (is a shape slow because of its width?);
+- reduce: the gradient of a per-channel offset added to an NHWC tensor
+  (what a folded frozen BN's beta receives): tf.reduce_sum over N, H, W,
+  BiasAddGrad, and a matmul with a row of ones;
+- atrous: a dilated 3x3 depthwise convolution with its two gradients, as
+  TensorFlow builds it (space-to-batch around the depthwise op) and as a sum
+  of nine shifted products, for ASPP (rates 6/12/18 on 21x21x2048) and
+  mobilenet_v2 OS8 shapes. Prints the largest relative difference of the
+  two forms too.
+
+Each figure is the best of three medians of --repeats runs of one op in
+its own graph, after warm-up; the inputs are variables, so that grappler
+cannot fold the ops away. Run it twice before trusting a difference: on a
+shared 2-core machine the same matmul moves between 80 and 140 GFLOP/s
+from one run to the next.
+"""
+import argparse
+import os
+import time
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from deeplab_train.runtime import cpu  # noqa: E402
+
+cpu.apply_process_settings()
+
+import numpy as np  # noqa: E402
+import tensorflow.compat.v1 as tf  # noqa: E402
+
+tf.disable_eager_execution()
+
+# (pixels, input channels, output channels) of 1x1 convolutions.
+MATMUL_SHAPES = (
+    (4 * 161 * 161, 16, 96), (4 * 81 * 81, 24, 144), (4 * 81 * 81, 144, 24),
+    (4 * 41 * 41, 64, 384), (4 * 41 * 41, 576, 160), (4 * 41 * 41, 960, 160),
+    (2 * 81 * 81, 256, 256), (2 * 21 * 21, 728, 728),
+    (2 * 21 * 21, 720, 720), (2 * 21 * 21, 768, 768),
+    (2 * 21 * 21, 1536, 1536))
+REDUCE_SHAPES = ((2, 161, 161, 128), (2, 81, 81, 256), (2, 41, 41, 728),
+                 (2, 21, 21, 728), (4, 161, 161, 96), (4, 41, 41, 576))
+# (NHWC shape, rate) of dilated depthwise convolutions.
+ATROUS_CASES = (((2, 21, 21, 2048), 6), ((2, 21, 21, 2048), 12),
+                ((2, 21, 21, 2048), 18), ((4, 41, 41, 576), 2),
+                ((4, 41, 41, 960), 4))
+
+
+def _variable(shape, seed):
+  rng = np.random.RandomState(seed)
+  return tf.Variable(rng.standard_normal(shape).astype(np.float32))
+
+
+def _scalar(t):
+  """A scalar that needs all of `t` computed, fetched instead of `t`."""
+  return tf.reduce_sum(t[tuple(slice(0, 1) for _ in t.shape)])
+
+
+def time_ops(named_ops, config, repeats):
+  """{name: seconds} for ops of the default graph, alternated."""
+  best = {}
+  with tf.Session(config=config) as sess:
+    sess.run(tf.global_variables_initializer())
+    for _ in range(3):
+      for name, op in named_ops.items():
+        sess.run(op)
+        times = []
+        for _ in range(repeats):
+          start = time.perf_counter()
+          sess.run(op)
+          times.append(time.perf_counter() - start)
+        median = sorted(times)[len(times) // 2]
+        best[name] = min(best.get(name, median), median)
+  return best
+
+
+def bench_matmul(config, repeats):
+  print('1x1 convolution as a matmul, GFLOP/s (pixels, in, out):')
+  for pixels, cin, cout in MATMUL_SHAPES:
+    with tf.Graph().as_default():
+      x = _variable((pixels, cin), 0)
+      dy = _variable((pixels, cout), 1)
+      w = _variable((cin, cout), 2)
+      ops = {'forward': _scalar(tf.matmul(x, w)),
+             'input grad': _scalar(tf.matmul(dy, w, transpose_b=True)),
+             'weight grad': _scalar(tf.matmul(x, dy, transpose_a=True))}
+      seconds = time_ops(ops, config, repeats)
+    flops = 2.0 * pixels * cin * cout
+    print('  %-22s %s' % ((pixels, cin, cout), '  '.join(
+        '%s %6.1f' % (name, flops / s / 1e9) for name, s in seconds.items())))
+
+
+def bench_reduce(config, repeats):
+  print('gradient of a per-channel offset, ms (NHWC shape):')
+  for shape in REDUCE_SHAPES:
+    with tf.Graph().as_default():
+      dy = _variable(shape, 0) + 0.0  # an op's output, as in a graph
+      pixels = int(np.prod(shape[:3]))
+      ops = {'none': _scalar(dy),
+             'reduce_sum': tf.reduce_sum(dy, [0, 1, 2]),
+             'BiasAddGrad': tf.raw_ops.BiasAddGrad(out_backprop=dy),
+             'ones matmul': tf.matmul(tf.ones([1, pixels]),
+                                      tf.reshape(dy, [pixels, shape[3]]))}
+      seconds = time_ops(ops, config, repeats)
+    base = seconds.pop('none')
+    print('  %-22s %s' % (shape, '  '.join(
+        '%s %5.2f' % (name, (s - base) * 1e3)
+        for name, s in seconds.items())))
+
+
+def atrous_by_taps(x, w, rate):
+  """SAME, stride-1 dilated depthwise convolution as a sum of shifted
+  products, one per filter tap (taps wholly outside the input skipped)."""
+  _, height, width, _ = x.shape.as_list()
+  kh, kw = w.shape.as_list()[:2]
+  parts = []
+  for i in range(kh):
+    dh = (i - (kh - 1) // 2) * rate
+    for j in range(kw):
+      dw = (j - (kw - 1) // 2) * rate
+      if abs(dh) >= height or abs(dw) >= width:
+        continue
+      window = x[:, max(dh, 0):height + min(dh, 0),
+                 max(dw, 0):width + min(dw, 0), :]
+      product = window * w[i, j, :, 0]
+      parts.append(tf.pad(product, [[0, 0], [max(-dh, 0), max(dh, 0)],
+                                    [max(-dw, 0), max(dw, 0)], [0, 0]]))
+  return tf.add_n(parts)
+
+
+def bench_atrous(config, repeats):
+  print('dilated 3x3 depthwise convolution, forward and both gradients, ms:')
+  for shape, rate in ATROUS_CASES:
+    with tf.Graph().as_default():
+      x = _variable(shape, 0)
+      w = _variable((3, 3, shape[3], 1), 1)
+      upstream = _variable(shape, 2)
+      forms = {
+          'space-to-batch': tf.nn.depthwise_conv2d(
+              x, w, [1, 1, 1, 1], 'SAME', dilations=[rate, rate]),
+          'nine taps': atrous_by_taps(x, w, rate)}
+      results, ops = {}, {}
+      for name, y in forms.items():
+        results[name] = [y] + tf.gradients(y, [x, w], grad_ys=upstream)
+        ops[name] = tf.add_n([_scalar(t) for t in results[name]])
+      seconds = time_ops(ops, config, repeats)
+      with tf.Session(config=config) as sess:
+        sess.run(tf.global_variables_initializer())
+        a, b = sess.run([results['space-to-batch'], results['nine taps']])
+    difference = max(float(np.abs(p - q).max() / np.abs(p).max())
+                     for p, q in zip(a, b))
+    print('  %-18s rate %-2d %s  (largest relative difference %.1e)' % (
+        shape, rate, '  '.join('%s %6.1f' % (name, s * 1e3)
+                               for name, s in seconds.items()), difference))
+
+
+BENCHES = {'matmul': bench_matmul, 'reduce': bench_reduce,
+           'atrous': bench_atrous}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--only', default=','.join(BENCHES),
+                      help='comma-separated: %s' % ', '.join(BENCHES))
+  parser.add_argument('--repeats', type=int, default=15)
+  parser.add_argument('--threads', type=int, default=cpu.usable_cores())
+  args = parser.parse_args()
+  names = [n for n in args.only.split(',') if n]
+  unknown = sorted(set(names) - set(BENCHES))
+  if unknown:
+    parser.error('--only: unknown %s (choose from %s)'
+                 % (', '.join(unknown), ', '.join(BENCHES)))
+  config = tf.ConfigProto(intra_op_parallelism_threads=args.threads,
+                          inter_op_parallelism_threads=args.threads)
+  machine = cpu.machine_cpu()
+  features = [k for k in ('avx2', 'avx512f', 'avx512_bf16', 'amx')
+              if machine[k]]
+  print('CPU: %s (%s), %d threads; %s=%s' % (
+      machine['model_name'], ', '.join(features) or 'no AVX2',
+      args.threads, cpu.ONEDNN_ENV, os.environ.get(cpu.ONEDNN_ENV)))
+  for name in names:
+    BENCHES[name](config, args.repeats)
+
+
+if __name__ == '__main__':
+  main()
