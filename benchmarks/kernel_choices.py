@@ -40,6 +40,9 @@ cpu.apply_process_settings()
 import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 
+from deeplab_train.bench import compare  # noqa: E402
+from deeplab_train.runtime import session_config  # noqa: E402
+
 tf.disable_eager_execution()
 
 # (pixels, input channels, output channels) of 1x1 convolutions.
@@ -174,21 +177,22 @@ def main():
   parser.add_argument('--only', default=','.join(BENCHES),
                       help='comma-separated: %s' % ', '.join(BENCHES))
   parser.add_argument('--repeats', type=int, default=15)
-  parser.add_argument('--threads', type=int, default=cpu.usable_cores())
+  parser.add_argument('--threads', type=int, default=None,
+                      help='intra- and inter-op threads (default: as '
+                      'deeplab-train, every usable core)')
   args = parser.parse_args()
   names = [n for n in args.only.split(',') if n]
   unknown = sorted(set(names) - set(BENCHES))
   if unknown:
     parser.error('--only: unknown %s (choose from %s)'
                  % (', '.join(unknown), ', '.join(BENCHES)))
-  config = tf.ConfigProto(intra_op_parallelism_threads=args.threads,
-                          inter_op_parallelism_threads=args.threads)
-  machine = cpu.machine_cpu()
-  features = [k for k in ('avx2', 'avx512f', 'avx512_bf16', 'amx')
-              if machine[k]]
-  print('CPU: %s (%s), %d threads; %s=%s' % (
-      machine['model_name'], ', '.join(features) or 'no AVX2',
-      args.threads, cpu.ONEDNN_ENV, os.environ.get(cpu.ONEDNN_ENV)))
+  # The training session's settings, as deeplab-train makes them.
+  config = session_config.make_session_config(
+      intra_op_threads=args.threads, inter_op_threads=args.threads)
+  print('%s; %s=%s; threads intra %d, inter %d' % (
+      compare.cpu_line(cpu.machine_cpu()), cpu.ONEDNN_ENV,
+      os.environ.get(cpu.ONEDNN_ENV), config.intra_op_parallelism_threads,
+      config.inter_op_parallelism_threads))
   for name in names:
     BENCHES[name](config, args.repeats)
 
