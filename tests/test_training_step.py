@@ -354,5 +354,5 @@ def test_every_cpu_kind_has_a_recording_of_the_same_cases(reference_dir):
   assert recording_kind(avx512, onednn=False) == 'avx2_without_onednn'
   # The tests run with the commands' setting (conftest.py): oneDNN on,
   # unless TF_ENABLE_ONEDNN_OPTS says otherwise.
-  if os.environ.get('TF_ENABLE_ONEDNN_OPTS') == '1':
+  if os.environ.get(cpu_lib.ONEDNN_ENV) == '1':
     assert onednn_enabled()
