@@ -290,7 +290,8 @@ def count_records(files, num_classes, ignore_label, split='split'):
   counter = SplitCounter(num_classes, ignore_label)
   with tf.Graph().as_default():
     dataset = tf.data.TFRecordDataset(list(files)).map(
-        _record_counts, num_parallel_calls=tf.data.experimental.AUTOTUNE)
+        tf.autograph.experimental.do_not_convert(_record_counts),
+        num_parallel_calls=tf.data.experimental.AUTOTUNE)
     next_record = tf.data.make_one_shot_iterator(
         dataset.prefetch(64)).get_next()
     with tf.Session() as sess:
