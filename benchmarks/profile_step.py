@@ -66,6 +66,7 @@ runpy.run_path('deeplab/train.py', run_name='__main__')
 # deeplab-train with a trace every argv[1] steps; the rest are its flags.
 _OURS_WRAPPER = '''
 import sys
+import deeplab_train.cli  # the commands' process settings, before TensorFlow
 from deeplab_train.runtime import run
 run.PROFILE_STEPS = int(sys.argv[1])
 from deeplab_train.cli import train
