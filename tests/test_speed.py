@@ -15,6 +15,7 @@ from absl.testing import flagsaver
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
 
 from deeplab_train import bench
 from deeplab_train import config
@@ -129,6 +130,12 @@ def test_session_config_defaults_use_every_core():
   assert rewrite.auto_mixed_precision_onednn_bfloat16 == 0  # DEFAULT (off)
   assert rewrite.auto_mixed_precision == 0
   assert cfg.graph_options.optimizer_options.global_jit_level == 0
+  # One grappler pass; no GPU-only memory rewrites on a CPU-only machine.
+  rewriter = rewriter_config_pb2.RewriterConfig
+  assert rewrite.meta_optimizer_iterations == rewriter.ONE
+  assert rewrite.memory_optimization == (
+      rewriter.DEFAULT_MEM_OPT if session_lib.gpus_visible()
+      else rewriter.NO_MEM_OPT)
 
 
 def test_session_config_settings():
