@@ -289,6 +289,7 @@ def count_records(files, num_classes, ignore_label, split='split'):
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   counter = SplitCounter(num_classes, ignore_label)
   with tf.Graph().as_default():
+    # Graph code already: no AutoGraph rewrite (see make_dataset).
     dataset = tf.data.TFRecordDataset(list(files)).map(
         tf.autograph.experimental.do_not_convert(_record_counts),
         num_parallel_calls=tf.data.experimental.AUTOTUNE)
