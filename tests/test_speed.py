@@ -81,41 +81,42 @@ def _build(**train_changes):
       input_fn=_fixed_batch_input_fn())
 
 
-def _train_losses(g, session_config, steps, after=None):
-  """Losses of `steps` steps; then after(sess) if given."""
+def _train_losses(g, session_config, steps, after=None, partitions=None):
+  """Losses of `steps` steps; then after(sess) if given. With a list
+  `partitions`, the graphs the first step ran (after rewrites and XLA
+  clustering) are added to it: one session, so XLA compiles once."""
   with g.graph.as_default():
     init = [tf.global_variables_initializer(),
             tf.local_variables_initializer()]
   with tf.Session(graph=g.graph, config=session_config) as sess:
     sess.run(init)
-    losses = [sess.run([g.train_op, g.total_loss])[1]
-              for _ in range(steps)]
+    losses = []
+    for step in range(steps):
+      metadata = tf.RunMetadata()
+      traced = step == 0 and partitions is not None
+      losses.append(sess.run(
+          [g.train_op, g.total_loss], run_metadata=metadata,
+          options=tf.RunOptions(output_partition_graphs=traced))[1])
+      if traced:
+        partitions.extend(metadata.partition_graphs)
     if after is not None:
       after(sess)
   return losses
 
 
-def _partition_graphs(g, session_config):
-  """The graphs one training step ran (after rewrites and XLA clustering)."""
-  with g.graph.as_default():
-    init = tf.global_variables_initializer()
-  with tf.Session(graph=g.graph, config=session_config) as sess:
-    sess.run(init)
-    metadata = tf.RunMetadata()
-    sess.run(g.train_op,
-             options=tf.RunOptions(output_partition_graphs=True),
-             run_metadata=metadata)
-  return metadata.partition_graphs
-
-
-def _partition_dtypes(g, session_config):
-  """{(op type, dtype name)} of the graph as rewritten by grappler."""
+def _partition_dtypes(partitions):
+  """{(op type, dtype name)} of graphs as rewritten by grappler."""
   found = set()
-  for partition in _partition_graphs(g, session_config):
+  for partition in partitions:
     for node in partition.node:
       if 'T' in node.attr:
         found.add((node.op, tf.as_dtype(node.attr['T'].type).name))
   return found
+
+
+def _run_ops(partitions):
+  """Op types of graphs as run."""
+  return {n.op for p in partitions for n in p.node}
 
 
 # ---------------------------------------------------------------------------
@@ -171,8 +172,10 @@ def test_session_config_rejects_bad_values():
 def test_bf16_rewrite_keeps_loss_fp32_and_loss_falls():
   g = _build()
   config_bf16 = session_lib.make_session_config('bf16')
+  partitions = []
+  losses = _train_losses(g, config_bf16, 8, partitions=partitions)
   if _cpu_has_bf16():
-    dtypes = _partition_dtypes(g, config_bf16)
+    dtypes = _partition_dtypes(partitions)
     # 3x3 convolutions and the 1x1 ones (run as MatMul) both in bf16.
     conv_dtypes = {d for op, d in dtypes if 'Conv2D' in op}
     assert 'bfloat16' in conv_dtypes, dtypes
@@ -180,21 +183,16 @@ def test_bf16_rewrite_keeps_loss_fp32_and_loss_falls():
     assert 'bfloat16' in matmul_dtypes, dtypes
     softmax = {d for op, d in dtypes if 'SoftmaxCrossEntropy' in op}
     assert softmax == {'float32'}, dtypes
-  losses = _train_losses(g, config_bf16, 8)
   assert all(np.isfinite(losses))
   assert losses[-1] < 0.95 * losses[0], losses
 
 
-def _run_ops(g, session_config):
-  """Op types of the graph as run (after rewrites and XLA clustering)."""
-  return {n.op for p in _partition_graphs(g, session_config) for n in p.node}
-
-
 def test_xla_training_step_compiles_and_loss_falls():
   g = _build(use_xla=True)
-  session_config = session_lib.make_session_config()
-  assert '_XlaRun' in _run_ops(g, session_config)
-  losses = _train_losses(g, session_config, 6)
+  partitions = []
+  losses = _train_losses(g, session_lib.make_session_config(), 6,
+                         partitions=partitions)
+  assert '_XlaRun' in _run_ops(partitions)
   assert all(np.isfinite(losses))
   assert losses[-1] < 0.95 * losses[0], losses
 
@@ -224,10 +222,11 @@ def test_xla_leaves_the_input_pipeline_alone(tmp_path):
             if '_XlaCompile' in op.node_def.attr]
   assert marked
   assert not [name for name in marked if name.startswith('input/')]
-  session_config = session_lib.make_session_config()
-  run_ops = _run_ops(g, session_config)
+  partitions = []
+  losses = _train_losses(g, session_lib.make_session_config(), 2,
+                         partitions=partitions)
+  run_ops = _run_ops(partitions)
   assert '_XlaRun' in run_ops and 'IteratorGetNext' in run_ops
-  losses = _train_losses(g, session_config, 2)
   assert all(np.isfinite(losses))
 
 
