@@ -38,10 +38,14 @@ EXIT_BAD_INPUT = result_lib.EXIT_CODES['bad_input']
 def bad_input_errors():
   """Errors that mean bad input (flags, files, checkpoints), not a bug.
 
-  TensorFlow is imported here, not with this module: commands that do not
-  need it (the retraining policy) start without it.
+  TensorFlow's (a missing or corrupt file it read) count only once the
+  command imported it: --help, bad flags and a missing required flag are
+  answered before TensorFlow loads (seconds), and importing it just to
+  classify a ConfigError would undo that.
   """
-  import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+  tf = sys.modules.get('tensorflow')
+  if tf is None:
+    return (config.ConfigError,)
   return (config.ConfigError, tf.errors.NotFoundError,
           tf.errors.DataLossError)
 
@@ -139,19 +143,18 @@ def run_body(command, argv, body, bad_input=None, flag_names=None):
     EXIT_OK, EXIT_BAD_INPUT (one line on stderr) or EXIT_UNEXPECTED
     (anything else, logged with its traceback).
   """
-  if bad_input is None:
-    bad_input = bad_input_errors()
   try:
     check_no_positional(command, argv)
     body()
   except Reported as e:
     return e.exit_code
-  except bad_input as e:
-    message = user_message(e, flag_names)
-    sys.stderr.write('%s: error: %s\n' % (command, message))
-    print_result('bad_input', message=message)
-    return EXIT_BAD_INPUT
   except Exception as e:  # pylint: disable=broad-except
+    # Classified after the fact: see bad_input_errors.
+    if isinstance(e, bad_input or bad_input_errors()):
+      message = user_message(e, flag_names)
+      sys.stderr.write('%s: error: %s\n' % (command, message))
+      print_result('bad_input', message=message)
+      return EXIT_BAD_INPUT
     logging.exception('%s failed', command)
     print_result('error', message='%s: %s' % (type(e).__name__, e))
     return EXIT_UNEXPECTED

@@ -68,31 +68,19 @@ from absl import flags
 from absl import logging
 
 from deeplab_train import atomic
-from deeplab_train import bench
 from deeplab_train import config
-from deeplab_train.bench import exported as bench_exported
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
 from deeplab_train.cli import train_flags
 from deeplab_train.data import datasets
-from deeplab_train.model import registry
 from deeplab_train.runtime import cpu as cpu_lib
-from deeplab_train.runtime import session_config as session_lib
-from deeplab_train.train import graph as graph_lib
+# Library modules that load TensorFlow (seconds) are imported by the
+# functions using them, after the flag checks: --help, a bad flag and a
+# missing one are answered without it (tests/test_command_start.py).
 
 FLAGS = flags.FLAGS
 COMMAND = 'deeplab-bench'
-# Option fields whose flag is not named after the field.
-FLAG_NAMES = dict(train_flags.FLAG_NAMES, **{
-    'BenchOptions.' + f.name: 'bench_' + f.name
-    for f in dataclasses.fields(bench.BenchOptions)}, **{
-        'CompareOptions.original_dir': 'compare_original',
-        'CompareOptions.rounds': 'compare_rounds',
-        'CompareOptions.steps': 'compare_steps'}, **{
-            'ExportedBenchOptions.' + f.name: 'bench_' + f.name
-            for f in dataclasses.fields(bench_exported.ExportedBenchOptions)},
-    **{'open_exported.path': 'exported_model'})
 
 DATA_SOURCES = ('synthetic', 'sample', 'dataset_dir')
 
@@ -165,6 +153,19 @@ _NOT_PASSED_TO_CHILDREN = ('bench_variants', 'mixed_precision', 'use_xla',
 _BENCH_FIELDS = ('warmup_steps', 'steps', 'trace_steps', 'input_batches',
                  'matmul_size')
 
+# Option fields whose flag is not named after the field. Those of
+# BenchOptions and ExportedBenchOptions with a flag are set by 'bench_' +
+# field: they are taken from _BENCH_FIELDS and _EXPORTED_TABLE, not from the
+# dataclasses (whose modules load TensorFlow).
+FLAG_NAMES = dict(train_flags.FLAG_NAMES, **{
+    'BenchOptions.' + name: 'bench_' + name for name in _BENCH_FIELDS}, **{
+        'CompareOptions.original_dir': 'compare_original',
+        'CompareOptions.rounds': 'compare_rounds',
+        'CompareOptions.steps': 'compare_steps'}, **{
+            'ExportedBenchOptions.' + row[1][len('bench_'):]: row[1]
+            for row in _EXPORTED_TABLE},
+    **{'open_exported.path': 'exported_model'})
+
 
 @dataclasses.dataclass(frozen=True)
 class BenchCommandJob:
@@ -173,7 +174,7 @@ class BenchCommandJob:
   Attributes:
     model_options / train_options / preprocess_options: the training setup
       measured (the training flags).
-    bench_options: how long each measurement runs.
+    bench_options: bench.BenchOptions, how long each measurement runs.
     data: 'synthetic', 'sample' or 'dataset_dir' (see DATA_SOURCES).
     synthetic_images: images written for synthetic data.
     dataset_dir / dataset_info / split: the dataset_dir data source.
@@ -182,13 +183,13 @@ class BenchCommandJob:
     child_flags: the command line a child process repeats.
     bench_json: also write the result lines to this file.
     child: this process is a child measuring one variant.
-    compare: set: compare with the original trainer instead (see
-      bench.run_comparison).
+    compare: a bench.CompareJob: compare with the original trainer instead
+      (see bench.run_comparison).
   """
   model_options: config.ModelOptions
   train_options: config.TrainOptions
   preprocess_options: config.PreprocessOptions
-  bench_options: bench.BenchOptions
+  bench_options: object  # the bench package loads TensorFlow
   data: str = 'synthetic'
   synthetic_images: int = 64
   dataset_dir: Optional[str] = None
@@ -198,7 +199,7 @@ class BenchCommandJob:
   child_flags: Tuple[str, ...] = ()
   bench_json: Optional[str] = None
   child: bool = False
-  compare: Optional[bench.CompareJob] = None
+  compare: Optional[object] = None
 
 
 def parse_variant(text):
@@ -222,6 +223,7 @@ def parse_variant(text):
 
 def _num_classes_and_info():
   """(class count, DatasetInfo or None) of the --bench_data source."""
+  from deeplab_train import bench  # pylint: disable=g-import-not-at-top
   if FLAGS.bench_data == 'synthetic':
     return bench.SYNTHETIC_CLASSES, None
   if FLAGS.bench_data == 'sample':
@@ -256,6 +258,7 @@ def _compare_options():
   if FLAGS.bench_variants:
     raise config.ConfigError('--compare_original cannot be combined with '
                              '--bench_variants: run them separately')
+  from deeplab_train import bench  # pylint: disable=g-import-not-at-top
   return bench.CompareOptions(original_dir=FLAGS.compare_original,
                               rounds=FLAGS.compare_rounds,
                               steps=FLAGS.compare_steps).validate()
@@ -275,6 +278,7 @@ def _compare_flag_args():
 
 def _compare_job(options, model_options, train):
   """The CompareJob of the flags (`options`: _compare_options())."""
+  from deeplab_train import bench  # pylint: disable=g-import-not-at-top
   shared, ours_only, names = bench.split_flag_args(_compare_flag_args())
   if names:
     logging.warning('the original has no --%s: given to deeplab-train only',
@@ -296,13 +300,13 @@ class ExportedCommandJob:
 
   Attributes:
     paths: the exported models.
-    options: ExportedBenchOptions.
+    options: bench.exported.ExportedBenchOptions.
     bench_json: also write the result lines to this file.
     child: this process is a child measuring one model at one thread
       count (paths and options.threads hold one value each).
   """
   paths: Tuple[str, ...]
-  options: bench_exported.ExportedBenchOptions
+  options: object  # the bench package loads TensorFlow
   bench_json: Optional[str] = None
   child: bool = False
 
@@ -341,6 +345,8 @@ def exported_options_from_flags():
     if FLAGS[other].value:
       raise config.ConfigError('--exported_model cannot be combined with '
                                '--%s: run them separately' % other)
+  # pylint: disable-next=g-import-not-at-top
+  from deeplab_train.bench import exported as bench_exported
   options = bench_exported.ExportedBenchOptions(
       batch_size=FLAGS.bench_batch_size, threads=_thread_counts(),
       image_size=common_flags.parse_int_list(FLAGS.bench_image_size,
@@ -364,6 +370,7 @@ def options_from_flags():
   if _exported_paths():
     return exported_options_from_flags()
   compare_options = _compare_options()  # a bad folder fails first
+  from deeplab_train import bench  # pylint: disable=g-import-not-at-top
   bench_options = bench.BenchOptions(**{
       name: FLAGS['bench_' + name].value for name in _BENCH_FIELDS
   }).validate()
@@ -392,6 +399,7 @@ def options_from_flags():
 def _data_source(job, tmp_dir):
   """(dataset_dir, DatasetInfo, split, label) of the job's data, written
   into `tmp_dir` unless it is an existing dataset."""
+  from deeplab_train import bench  # pylint: disable=g-import-not-at-top
   if job.data == 'synthetic':
     info = bench.write_synthetic_dataset(tmp_dir,
                                          num_images=job.synthetic_images)
@@ -403,6 +411,11 @@ def _data_source(job, tmp_dir):
 
 def _library_job(job, tmp_dir):
   """The library's BenchJob for `job` (data written into `tmp_dir`)."""
+  # pylint: disable=g-import-not-at-top
+  from deeplab_train import bench
+  from deeplab_train.model import registry
+  from deeplab_train.runtime import session_config as session_lib
+  from deeplab_train.train import graph as graph_lib
   dataset_dir, info, split, label = _data_source(job, tmp_dir)
   train = job.train_options
 
@@ -426,6 +439,7 @@ def _library_job(job, tmp_dir):
 
 def run_one(job):
   """Benchmarks the job's own setting in this process; returns the result."""
+  from deeplab_train import bench  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory(prefix='deeplab-bench-') as tmp:
     return bench.rounded(bench.run_benchmark(_library_job(job, tmp),
                                              job.bench_options))
@@ -480,6 +494,7 @@ def _write_json(results, path):
 def run_compare(job):
   """Compares with the original trainer; prints the table and the result
   line, writes bench_json."""
+  from deeplab_train import bench  # pylint: disable=g-import-not-at-top
   result = bench.run_comparison(job.compare)
   print(bench.format_comparison(result))
   if job.bench_json:
@@ -502,6 +517,8 @@ def _exported_child_argv(job, path, threads, image_size):
 def run_exported(job):
   """Measures exported models (each in child processes, or this child's
   one); prints the table and the result line, writes bench_json."""
+  # pylint: disable-next=g-import-not-at-top
+  from deeplab_train.bench import exported as bench_exported
   if job.child:
     result = bench_exported.measure_model(
         job.paths[0], job.options.threads[0], job.options.image_size,
@@ -532,6 +549,7 @@ def run_job(job):
     results = run_variants(job)
   else:
     results = [run_one(job)]
+  from deeplab_train import bench  # pylint: disable=g-import-not-at-top
   if not job.child:
     print(bench.format_table(results))
     if job.bench_json:

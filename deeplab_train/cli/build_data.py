@@ -36,9 +36,12 @@ from deeplab_train.cli import app
 from deeplab_train.cli import flag_table
 from deeplab_train.cli import output_paths
 from deeplab_train.config import ConfigError
-from deeplab_train.data import build
+from deeplab_train.data import build_options
 from deeplab_train.data import colormap
 from deeplab_train.data import stats
+# Library modules that load TensorFlow (seconds) are imported by the
+# functions using them, after the flag checks: --help, a bad flag and a
+# missing one are answered without it (tests/test_command_start.py).
 
 FLAGS = flags.FLAGS
 COMMAND = 'deeplab-build-data'
@@ -116,7 +119,7 @@ class BuildJob:
   `masks_folder` set selects the generic layout (images matched to masks by
   file stem); otherwise the VOC layout reads the id lists of `list_folder`.
   """
-  options: build.BuildOptions
+  options: build_options.BuildOptions
   image_folder: str
   output_dir: str
   label_format: str = 'png'
@@ -129,7 +132,7 @@ class BuildJob:
 
 def options_from_flags():
   """The flags -> a BuildJob (its BuildOptions validated)."""
-  options = build.BuildOptions(
+  options = build_options.BuildOptions(
       num_classes=FLAGS.num_classes, ignore_label=FLAGS.ignore_label,
       dataset_name=FLAGS.dataset_name,
       class_names=tuple(FLAGS.class_names) if FLAGS.class_names else None,
@@ -146,6 +149,7 @@ def options_from_flags():
 
 def convert(job):
   """Runs the conversion the job describes; returns the DatasetInfo."""
+  from deeplab_train.data import build  # pylint: disable=g-import-not-at-top
   if job.masks_folder:
     return build.build_generic(job.image_folder, job.masks_folder,
                                job.split_name, job.output_dir, job.options,

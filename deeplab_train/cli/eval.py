@@ -50,10 +50,10 @@ from deeplab_train.cli import inference_flags
 from deeplab_train.cli import output_paths
 from deeplab_train.data import datasets
 from deeplab_train.evaluation import confusion
-from deeplab_train.evaluation import eval_loop
 from deeplab_train.evaluation import metrics
-from deeplab_train.export import loaded
-from deeplab_train.model import registry
+# Library modules that load TensorFlow (seconds) are imported by the
+# functions using them, after the flag checks: --help, a bad flag and a
+# missing one are answered without it (tests/test_command_start.py).
 
 FLAGS = flags.FLAGS
 COMMAND = 'deeplab-eval'
@@ -131,6 +131,7 @@ def _exported_options():
         'watches a checkpoint directory; --exported_model is evaluated once')
   common_flags.require(FLAGS.dataset_dir, 'dataset_dir',
                        ' (the TFRecords folder)')
+  from deeplab_train.export import loaded  # pylint: disable=g-import-not-at-top
   saved_model, saved_pre, saved_dataset = inference_flags.saved_run_config(
       loaded.run_config_folder(path))
   info = datasets.load_dataset_info(common_flags.dataset_name(saved_dataset),
@@ -216,6 +217,10 @@ def print_result(result, scores):
 
 def run_eval(job):
   """Evaluates as the job says; returns the list of results."""
+  # pylint: disable=g-import-not-at-top
+  from deeplab_train.evaluation import eval_loop
+  from deeplab_train.export import loaded
+  from deeplab_train.model import registry
   mean_pixel = registry.mean_pixel(job.model_options.model_variant)
 
   def make_samples():
@@ -240,8 +245,11 @@ def run_eval(job):
 def evaluate_flags():
   """The evaluation the flags ask for; the metrics are printed even when
   they cannot be written (then exit 1)."""
+  job = options_from_flags()  # raises no ResultNotWrittenError
+  # pylint: disable-next=g-import-not-at-top
+  from deeplab_train.evaluation import eval_loop
   try:
-    return run_eval(options_from_flags())
+    return run_eval(job)
   except eval_loop.ResultNotWrittenError as e:
     print_scores(e.result, e.scores)
     sys.stderr.write('%s: error: %s\n' % (COMMAND, e))

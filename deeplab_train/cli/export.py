@@ -32,6 +32,7 @@ network, with the original export's defaults (--num_classes=21,
 import dataclasses
 import logging
 import os
+import typing
 from typing import Optional
 
 from absl import flags
@@ -43,11 +44,14 @@ from deeplab_train.cli import flag_table
 from deeplab_train.cli import inference_flags
 from deeplab_train.cli import output_paths
 from deeplab_train.data import datasets
-from deeplab_train.evaluation import predictor as predictor_lib
-from deeplab_train.export import freeze
-from deeplab_train.export import savedmodel
-from deeplab_train.export import tflite
-from deeplab_train.model import registry
+# Library modules that load TensorFlow (seconds) are imported by the
+# functions using them, after the flag checks: --help, a bad flag and a
+# missing one are answered without it (tests/test_command_start.py).
+
+if typing.TYPE_CHECKING:
+  # For ExportJob's annotation only: the functions import it when they run,
+  # as it loads TensorFlow.
+  from deeplab_train.export import tflite
 
 FLAGS = flags.FLAGS
 COMMAND = 'deeplab-export'
@@ -93,7 +97,7 @@ _EXPORT_TABLE = (
      'TFLite quantization: none (float32), float16 (float16 weights), '
      'dynamic (int8 weights) or int8 (int8 weights and activations, '
      'calibrated on images of --dataset_dir).',
-     {'enum_values': list(tflite.QUANTIZE_MODES)}),
+     {'enum_values': list(config.TFLITE_QUANTIZE_MODES)}),
     ('string', 'calibration_split', 'train',
      '--tflite_quantize=int8: the split whose images calibrate the '
      'quantization.'),
@@ -114,7 +118,7 @@ class ExportJob:
   saved_model_dir: Optional[str] = None
   save_inference_graph: bool = False
   tflite_path: Optional[str] = None
-  tflite_options: Optional[tflite.TfliteOptions] = None
+  tflite_options: Optional['tflite.TfliteOptions'] = None
   # int8 calibration data: the TFRecords folder, its DatasetInfo and the
   # eval preprocessing.
   dataset_dir: Optional[str] = None
@@ -143,6 +147,8 @@ def options_from_flags():
   output_paths.check_output_folder('saved_model_dir', FLAGS.saved_model_dir)
   output_paths.check_output_file('tflite_path', FLAGS.tflite_path)
   tflite_options = _tflite_options()
+  # pylint: disable-next=g-import-not-at-top
+  from deeplab_train.evaluation import predictor as predictor_lib
   checkpoint = predictor_lib.resolve_checkpoint(FLAGS.checkpoint_path)
   saved_model, saved_pre, saved_dataset = inference_flags.saved_run_config(
       os.path.dirname(checkpoint))
@@ -180,6 +186,7 @@ def _tflite_options():
       if common_flags.explicitly_set(name):
         logging.warning('--%s is ignored: only --tflite_quantize=int8 '
                         'calibrates', name)
+  from deeplab_train.export import tflite  # pylint: disable=g-import-not-at-top
   return tflite.TfliteOptions(
       quantize=FLAGS.tflite_quantize,
       calibration_split=FLAGS.calibration_split,
@@ -191,6 +198,7 @@ def _calibration_data(tflite_options, saved_dataset, saved_pre):
   --dataset_dir or empty split fails before any conversion."""
   if tflite_options is None or tflite_options.quantize != 'int8':
     return {}
+  from deeplab_train.export import tflite  # pylint: disable=g-import-not-at-top
   tflite.check_calibration_split(FLAGS.dataset_dir,
                                  tflite_options.calibration_split)
   return {'dataset_dir': FLAGS.dataset_dir,
@@ -201,6 +209,10 @@ def _calibration_data(tflite_options, saved_dataset, saved_pre):
 
 def run_export(job):
   """Writes the requested exports; returns what was written (a dict)."""
+  # pylint: disable=g-import-not-at-top
+  from deeplab_train.export import freeze
+  from deeplab_train.export import savedmodel
+  from deeplab_train.export import tflite
   out = {'checkpoint': job.checkpoint, 'export_path': None,
          'saved_model_dir': None, 'tflite_path': None}
   # Converted first: a network TFLite refuses fails before anything is
@@ -227,6 +239,9 @@ def run_export(job):
 def _tflite_model(job, out):
   """The .tflite bytes of the job's network; notes the quantization (and
   the calibration images used) in `out`."""
+  # pylint: disable=g-import-not-at-top
+  from deeplab_train.export import tflite
+  from deeplab_train.model import registry
   calibration = None
   if job.tflite_options.quantize == 'int8':
     calibration = tflite.calibration_images(

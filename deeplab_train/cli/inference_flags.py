@@ -12,7 +12,9 @@ from deeplab_train import config
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
-from deeplab_train.export import loaded
+# Library modules that load TensorFlow (seconds) are imported by the
+# functions using them, after the flag checks: --help, a bad flag and a
+# missing one are answered without it (tests/test_command_start.py).
 
 FLAGS = flags.FLAGS
 
@@ -44,6 +46,7 @@ def exported_model_kind(path, crop_flag):
   if FLAGS.checkpoint_dir:
     raise config.ConfigError('give --checkpoint_dir or --exported_model, '
                              'not both')
+  from deeplab_train.export import loaded  # pylint: disable=g-import-not-at-top
   kind = loaded.detect_format(path)
   names = [crop_flag, 'eval_scales', 'add_flipped_images', 'image_pyramid']
   if kind != loaded.TFLITE:

@@ -31,8 +31,10 @@ from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
 from deeplab_train.config import ConfigError
 from deeplab_train.data import datasets
-from deeplab_train.data import pipeline
 from deeplab_train.data import stats
+# Library modules that load TensorFlow (seconds) are imported by the
+# functions using them, after the flag checks: --help, a bad flag and a
+# missing one are answered without it (tests/test_command_start.py).
 
 FLAGS = flags.FLAGS
 COMMAND = 'deeplab-stats'
@@ -69,6 +71,7 @@ def options_from_flags():
   """
   common_flags.require(FLAGS.dataset_dir, 'dataset_dir',
                        ': the folder of the TFRecords')
+  from deeplab_train.data import pipeline  # pylint: disable=g-import-not-at-top
   files = pipeline.split_files(FLAGS.dataset_dir, FLAGS.split)
   return StatsJob(dataset_dir=FLAGS.dataset_dir, split=FLAGS.split,
                   files=tuple(files), dataset_info=_dataset_info(),
@@ -91,7 +94,9 @@ def count(job):
   Raises:
     ConfigError: a damaged file or a record that cannot be decoded.
   """
-  import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  import tensorflow.compat.v1 as tf
+  from deeplab_train.data import pipeline
   info = job.dataset_info
   try:
     return stats.count_records(job.files, info.num_classes,

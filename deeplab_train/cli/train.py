@@ -97,16 +97,11 @@ from deeplab_train.cli import train_flags
 from deeplab_train.cli import output_paths
 from deeplab_train.cli import signals
 from deeplab_train.data import datasets
-from deeplab_train.data import pipeline
-from deeplab_train.model import registry
-from deeplab_train.runtime import checkpoint_state
-from deeplab_train.runtime import cluster as cluster_lib
 from deeplab_train.runtime import cluster_spec
-from deeplab_train.runtime import hooks as hooks_lib
 from deeplab_train.runtime import result as result_lib
-from deeplab_train.runtime import run as run_lib
-from deeplab_train.runtime import validation
-from deeplab_train.train import inputs
+# Library modules that load TensorFlow (seconds) are imported by the
+# functions using them, after the flag checks: --help, a bad flag and a
+# missing one are answered without it (tests/test_command_start.py).
 
 FLAGS = flags.FLAGS
 COMMAND = launch.COMMAND
@@ -156,7 +151,7 @@ _RUN_TABLE = (
     ('string', 'profile_logdir', None,
      'Where Chrome traces (timeline-STEP.json) of one step in '
      'every %d are written, the first after %d steps.'
-     % (run_lib.PROFILE_STEPS, run_lib.PROFILE_STEPS)),
+     % (config.PROFILE_STEPS, config.PROFILE_STEPS)),
     ('float', 'max_run_seconds', None,
      'Stop (with a final checkpoint, exit 0) after this many seconds of '
      'wall time.'),
@@ -271,6 +266,10 @@ def options_from_flags():
   train_flags.check_unsupported()
   crop = train_flags.train_crop()
   info = datasets.load_dataset_info(FLAGS.dataset, FLAGS.dataset_dir)
+  # pylint: disable=g-import-not-at-top
+  from deeplab_train.data import pipeline
+  from deeplab_train.runtime import checkpoint_state
+  from deeplab_train.runtime import validation
   # The saved options bind only once a checkpoint was written with them: a
   # run stopped before its first checkpoint may be started again otherwise.
   saved = (config.load_run_config(FLAGS.train_logdir)
@@ -307,12 +306,20 @@ def run_job(job, start_time, process_signals=None, result_json=None):
       run (first: stop after the step; second: report and end at once).
     result_json: where the result is also written.
   """
+  # Before a ps task gives up its signal handlers: a signal while
+  # TensorFlow loads still ends in 'stopped before serving'.
+  # pylint: disable=g-import-not-at-top
+  from deeplab_train.model import registry
+  from deeplab_train.runtime import cluster as cluster_lib
+  from deeplab_train.runtime import run as run_lib
+  from deeplab_train.runtime import validation
+  from deeplab_train.train import inputs
   if isinstance(job, ServeJob):
     if process_signals is not None:
       process_signals.uninstall()  # a ps task ends when killed
       if process_signals.pending:
         return result_lib.RunResult(
-            'ok', hooks_lib.SIGNAL_PREFIX + process_signals.pending,
+            'ok', result_lib.SIGNAL_PREFIX + process_signals.pending,
             seconds=time.time() - start_time,
             message='stopped before serving (%s)' % process_signals.pending)
     cluster_lib.serve(job.cluster)  # until killed
@@ -341,9 +348,9 @@ def _forward_signals(process_signals, run, result_json):
   def stop_now(signum):
     name = signals.signal_name(signum)
     report(run.stopped_now(result_lib.STOPPED_NOW[name],
-                           hooks_lib.SIGNAL_PREFIX + name), result_json)
+                           result_lib.SIGNAL_PREFIX + name), result_json)
   process_signals.connect(
-      on_first=lambda name: run.stop.request(hooks_lib.SIGNAL_PREFIX + name),
+      on_first=lambda name: run.stop.request(result_lib.SIGNAL_PREFIX + name),
       on_stop_now=stop_now)
 
 

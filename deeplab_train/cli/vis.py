@@ -40,11 +40,9 @@ from deeplab_train.cli import inference_flags
 from deeplab_train.cli import output_paths
 from deeplab_train.data import colormap as colormap_lib
 from deeplab_train.data import datasets
-from deeplab_train.evaluation import eval_loop
-from deeplab_train.evaluation import predictor as predictor_lib
-from deeplab_train.evaluation import vis
-from deeplab_train.export import loaded
-from deeplab_train.model import registry
+# Library modules that load TensorFlow (seconds) are imported by the
+# functions using them, after the flag checks: --help, a bad flag and a
+# missing one are answered without it (tests/test_command_start.py).
 
 FLAGS = flags.FLAGS
 COMMAND = 'deeplab-vis'
@@ -154,6 +152,9 @@ def options_from_flags():
     logging.warning('--max_number_of_iterations=%d ignored: deeplab-vis '
                     'visualises the latest checkpoint once',
                     FLAGS.max_number_of_iterations)
+  # pylint: disable=g-import-not-at-top
+  from deeplab_train.evaluation import predictor as predictor_lib
+  from deeplab_train.export import loaded
   exported = {}
   if exported_model:
     checkpoint = None
@@ -193,6 +194,10 @@ def options_from_flags():
 
 def _samples(job):
   """The images to draw: the image folder's, or the split's."""
+  # pylint: disable=g-import-not-at-top
+  from deeplab_train.evaluation import eval_loop
+  from deeplab_train.evaluation import vis
+  from deeplab_train.model import registry
   mean_pixel = registry.mean_pixel(job.model_options.model_variant)
   if job.image_dir:
     return vis.iterate_image_dir(job.image_dir, job.preprocess_options,
@@ -204,6 +209,11 @@ def _samples(job):
 
 def run_vis(job):
   """Writes the PNGs; returns the number of images."""
+  # pylint: disable=g-import-not-at-top
+  from deeplab_train.evaluation import predictor as predictor_lib
+  from deeplab_train.evaluation import vis
+  from deeplab_train.export import loaded
+  from deeplab_train.model import registry
   info = job.dataset_info
   colormap = job.vis_options.colormap or info.colormap()
   eval_ids = (vis.CITYSCAPES_TRAIN_ID_TO_EVAL_ID

@@ -19,12 +19,14 @@ from deeplab_train.config.errors import render
 from deeplab_train.config.inference import EvalOptions
 from deeplab_train.config.inference import ExportOptions
 from deeplab_train.config.inference import InferenceOptions
+from deeplab_train.config.inference import TFLITE_QUANTIZE_MODES
 from deeplab_train.config.inference import VisOptions
 from deeplab_train.config.model import ModelOptions
 from deeplab_train.config.run_config import load_run_config
 from deeplab_train.config.run_config import RUN_CONFIG_FILENAME
 from deeplab_train.config.run_config import save_run_config
 from deeplab_train.config.runtime import ClusterOptions
+from deeplab_train.config.runtime import PROFILE_STEPS
 from deeplab_train.config.runtime import RunOptions
 from deeplab_train.config.train import check_training_setup
 from deeplab_train.config.train import LEARNING_POLICIES

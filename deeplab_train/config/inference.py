@@ -10,6 +10,10 @@ from deeplab_train.config.serialize import JsonMixin
 from deeplab_train.config.serialize import set_field
 from deeplab_train.config.serialize import tuple_or_none
 
+# deeplab-export --tflite_quantize (export/tflite.py): none (float32),
+# float16 weights, dynamic (int8 weights), int8 (weights and activations).
+TFLITE_QUANTIZE_MODES = ('none', 'float16', 'dynamic', 'int8')
+
 
 def _show(values):
   return ','.join(map(str, values))

@@ -10,6 +10,10 @@ from deeplab_train.config.serialize import JsonMixin
 from deeplab_train.config.serialize import set_field
 from deeplab_train.config.serialize import tuple_or_none
 
+# Steps between two Chrome traces in RunOptions.profile_logdir (the
+# default of runtime/run.py's PROFILE_STEPS, which the run reads).
+PROFILE_STEPS = 100
+
 # RunOptions.best_metric: the mIoU, or one class's IoU by name or id.
 _BEST_METRIC = re.compile(r'^(miou|iou/.+)$')
 

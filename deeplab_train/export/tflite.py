@@ -51,7 +51,7 @@ from deeplab_train.export import freeze
 from deeplab_train.model import deeplab
 from deeplab_train.model import registry
 
-QUANTIZE_MODES = ('none', 'float16', 'dynamic', 'int8')
+QUANTIZE_MODES = config.TFLITE_QUANTIZE_MODES
 METADATA_NAME = 'deeplab_train'
 
 _log = logging.getLogger(__name__)

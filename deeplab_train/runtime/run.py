@@ -41,8 +41,9 @@ from deeplab_train.runtime.result import RunResult
 from deeplab_train.train import checkpoint_init
 from deeplab_train.train import graph as graph_lib
 
-# Steps between two Chrome traces in RunOptions.profile_logdir.
-PROFILE_STEPS = 100
+# Steps between two Chrome traces in RunOptions.profile_logdir; read at
+# run time, so a profiling script may set it on this module.
+PROFILE_STEPS = config.PROFILE_STEPS
 
 
 def checkpoint_step(prefix):
