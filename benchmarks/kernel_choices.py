@@ -16,10 +16,12 @@ weighs before changing how the model builds an op:
   (what a folded frozen BN's beta receives): tf.reduce_sum over N, H, W,
   BiasAddGrad, and a matmul with a row of ones;
 - atrous: a dilated 3x3 depthwise convolution with its two gradients, as
-  TensorFlow builds it (space-to-batch around the depthwise op) and as a sum
-  of nine shifted products, for ASPP (rates 6/12/18 on 21x21x2048) and
-  mobilenet_v2 OS8 shapes. Prints the largest relative difference of the
-  two forms too.
+  TensorFlow builds it (space-to-batch around the depthwise op), as one
+  dilated op (layers.dilated_depthwise_one_op, what the training towers
+  use on a oneDNN CPU for rates up to layers.MAX_ONE_OP_RATE) and as a sum
+  of nine shifted products, for ASPP (rates 6/12/18 on 21x21x2048),
+  xception_65's exit flow at OS16 and mobilenet_v2 OS8 shapes. Prints the
+  largest relative difference of each form from space-to-batch too.
 
 Each figure is the best of three medians of --repeats runs of one op in
 its own graph, after warm-up; the inputs are variables, so that grappler
@@ -41,6 +43,7 @@ import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 from deeplab_train.bench import compare  # noqa: E402
+from deeplab_train.model import layers  # noqa: E402
 from deeplab_train.runtime import session_config  # noqa: E402
 
 tf.disable_eager_execution()
@@ -56,8 +59,9 @@ REDUCE_SHAPES = ((2, 161, 161, 128), (2, 81, 81, 256), (2, 41, 41, 728),
                  (2, 21, 21, 728), (4, 161, 161, 96), (4, 41, 41, 576))
 # (NHWC shape, rate) of dilated depthwise convolutions.
 ATROUS_CASES = (((2, 21, 21, 2048), 6), ((2, 21, 21, 2048), 12),
-                ((2, 21, 21, 2048), 18), ((4, 41, 41, 576), 2),
-                ((4, 41, 41, 960), 4))
+                ((2, 21, 21, 2048), 18), ((2, 21, 21, 1536), 2),
+                ((4, 41, 41, 384), 2), ((4, 41, 41, 576), 2),
+                ((4, 41, 41, 960), 4), ((4, 41, 41, 384), 6))
 
 
 def _variable(shape, seed):
@@ -153,6 +157,8 @@ def bench_atrous(config, repeats):
           'space-to-batch': tf.nn.depthwise_conv2d(
               x, w, [1, 1, 1, 1], 'SAME', dilations=[rate, rate]),
           'nine taps': atrous_by_taps(x, w, rate)}
+      if session_config.onednn_kernels_on():  # no dilated kernel without
+        forms['one op'] = layers.dilated_depthwise_one_op(x, w, (rate, rate))
       results, ops = {}, {}
       for name, y in forms.items():
         results[name] = [y] + tf.gradients(y, [x, w], grad_ys=upstream)
@@ -160,12 +166,17 @@ def bench_atrous(config, repeats):
       seconds = time_ops(ops, config, repeats)
       with tf.Session(config=config) as sess:
         sess.run(tf.global_variables_initializer())
-        a, b = sess.run([results['space-to-batch'], results['nine taps']])
-    difference = max(float(np.abs(p - q).max() / np.abs(p).max())
-                     for p, q in zip(a, b))
-    print('  %-18s rate %-2d %s  (largest relative difference %.1e)' % (
-        shape, rate, '  '.join('%s %6.1f' % (name, s * 1e3)
-                               for name, s in seconds.items()), difference))
+        values = sess.run(results)
+    reference = values.pop('space-to-batch')
+    differences = {
+        name: max(float(np.abs(p - q).max() / np.abs(p).max())
+                  for p, q in zip(reference, form))
+        for name, form in values.items()}
+    print('  %-18s rate %-2d %s  (largest relative difference from '
+          'space-to-batch: %s)' % (
+              shape, rate, '  '.join('%s %6.1f' % (name, s * 1e3)
+                                     for name, s in seconds.items()),
+              ', '.join('%s %.1e' % item for item in differences.items())))
 
 
 BENCHES = {'matmul': bench_matmul, 'reduce': bench_reduce,

@@ -170,7 +170,7 @@ def test_session_config_rejects_bad_values():
 # bf16 and XLA training on CPU.
 # ---------------------------------------------------------------------------
 def test_bf16_rewrite_keeps_loss_fp32_and_loss_falls():
-  g = _build()
+  g = _build(mixed_precision='bf16')
   config_bf16 = session_lib.make_session_config('bf16')
   partitions = []
   losses = _train_losses(g, config_bf16, 8, partitions=partitions)
@@ -231,7 +231,7 @@ def test_xla_leaves_the_input_pipeline_alone(tmp_path):
 
 
 def test_bf16_checkpoint_loads_into_fp32_eval_graph(tmp_path):
-  g = _build()
+  g = _build(mixed_precision='bf16')
   prefix = str(tmp_path / 'model.ckpt')
   _train_losses(g, session_lib.make_session_config('bf16'), 2,
                 after=lambda sess: g.saver.save(sess, prefix))

@@ -214,12 +214,43 @@ def folding_frozen_batch_norm():
   towers; inference graphs (eval, vis, export, validation) keep the BN op
   as the original built it.
   """
-  before = getattr(_state, 'fold', False)
-  _state.fold = True
+  with _setting('fold', True):
+    yield
+
+
+@contextlib.contextmanager
+def dilated_depthwise_in_one_op(enabled=True):
+  """Context in which a dilated depthwise convolution runs as one op.
+
+  TensorFlow builds a dilated (atrous) depthwise convolution as
+  space-to-batch, the undilated op, batch-to-space, and the same three in
+  its gradient. oneDNN's CPU kernel computes the dilated op itself, faster
+  for rates up to 4 (mobilenet_v2 OS8's rates 2 and 4, xception's exit
+  flow at OS16), slower for larger ones (ASPP's 6, 12, 18; see
+  MAX_ONE_OP_RATE), and the gradient kernels for it ignore the dilation.
+  So, for stride 1, 'SAME' padding, an odd kernel, depth multiplier 1,
+  float32 and rates up to 4, the forward op is the dilated one, the input
+  gradient the same op with the kernel flipped, and the filter gradient
+  the space-to-batch form's (the same values: tests/test_dilated_depthwise.
+  py). Only for ops
+  that run on a CPU with oneDNN's kernels: TensorFlow's own kernels refuse
+  the dilated op (CPU) or do not read its dilation (GPU). Entered by the
+  training towers, `enabled` by their device (towers.runs_on_onednn_cpu)
+  and not in graphs built for grappler's bf16 rewrite (its bfloat16 op ran
+  on TensorFlow's own kernel on an AVX2 CPU).
+  """
+  with _setting('one_op_dilation', enabled):
+    yield
+
+
+@contextlib.contextmanager
+def _setting(name, value):
+  before = getattr(_state, name, False)
+  setattr(_state, name, value)
   try:
     yield
   finally:
-    _state.fold = before
+    setattr(_state, name, before)
 
 
 def _fold_batch_norm(w, params, normalize, depthwise=False,
@@ -340,11 +371,48 @@ def depthwise_conv2d(x, kernel_size, params: ConvParams, scope,
     w = _weights('depthwise_weights', [kh, kw, channels, depth_multiplier],
                  params, regularize=params.regularize_depthwise)
     w, offset = _fold_batch_norm(w, params, normalize, depthwise=True)
-    y = tf.nn.depthwise_conv2d(
-        x, _compute_dtype(x, w), strides=[1, stride, stride, 1],
-        padding=padding, dilations=list(_pair(rate)))
+    rates = _pair(rate)
+    if (getattr(_state, 'one_op_dilation', False) and stride == 1
+        and padding == 'SAME' and kh % 2 and kw % 2 and depth_multiplier == 1
+        and x.dtype == tf.float32 and 1 < max(rates) <= MAX_ONE_OP_RATE):
+      y = dilated_depthwise_one_op(x, w, rates)
+    else:
+      y = tf.nn.depthwise_conv2d(
+          x, _compute_dtype(x, w), strides=[1, stride, stride, 1],
+          padding=padding, dilations=list(rates))
     return _finish(y, params, activation, use_bias,
                    channels * depth_multiplier, normalize, offset)
+
+
+# The largest atrous rate `dilated_depthwise_in_one_op` computes in one op:
+# on a 2-core AVX2 CPU, a 3x3 depthwise convolution with both gradients took
+# 0.7-0.8x the space-to-batch form's time at rate 2 or 4, 2-5.7x at rates 6
+# to 18 (4x41x41x384: rate 2 19 against 27 ms, rate 6 81 against 21 ms;
+# benchmarks/kernel_choices.py --only atrous).
+MAX_ONE_OP_RATE = 4
+
+
+def dilated_depthwise_one_op(x, w, rates):
+  """The dilated depthwise convolution of `dilated_depthwise_in_one_op`
+  ('SAME', stride 1, odd kernel, depth multiplier 1; oneDNN CPU only)."""
+  dilations = [1, rates[0], rates[1], 1]
+  strides = [1, 1, 1, 1]
+
+  @tf.custom_gradient
+  def conv(x, w):
+    def grad(dy):
+      # 'SAME' with an odd kernel pads symmetrically: the input gradient is
+      # the correlation of dy with the kernel flipped in space.
+      dx = tf.nn.depthwise_conv2d_native(
+          dy, tf.reverse(w, [0, 1]), strides, 'SAME', dilations=dilations)
+      dw = tf.gradients(
+          tf.nn.depthwise_conv2d(x, w, strides, 'SAME',
+                                 dilations=list(rates)), w, dy)[0]
+      return dx, dw
+    return tf.nn.depthwise_conv2d_native(
+        x, w, strides, 'SAME', dilations=dilations), grad
+
+  return conv(x, w)
 
 
 # The original's hard sigmoid multiplies by this rounded 1/6.

@@ -1,8 +1,7 @@
 """The session ConfigProto of a training run: threads and mixed precision.
 
-These speed settings live in the session config rather than in the graph,
-so one training graph (fp32 variables, fp32 loss) serves every setting and
-the checkpoints do not depend on them:
+These speed settings live in the session config rather than in the graph
+(fp32 variables, fp32 loss), so the checkpoints do not depend on them:
 
 - threads: intra-op (inside one op, e.g. a convolution) and inter-op
   (independent ops at once) thread pools sized to the usable cores;
@@ -19,6 +18,10 @@ the checkpoints do not depend on them:
     'bf16': the oneDNN bfloat16 rewrite (CPU with AVX512_BF16 / AMX);
     'fp16': the float16 rewrite for GPUs; it needs loss scaling, which is
             in the training graph (see `loss_scale.py`), not here.
+  Build the training graph with the mode it runs with: for fp32 ('none')
+  the towers compute small-rate dilated depthwise convolutions with
+  oneDNN's dilated kernel (layers.dilated_depthwise_in_one_op), which a
+  session with the bf16 rewrite could not run on an AVX2 CPU.
 """
 
 import tensorflow.compat.v1 as tf
@@ -104,6 +107,15 @@ def make_session_config(mixed_precision='none', intra_op_threads=None,
 def gpus_visible():
   """Whether TensorFlow sees a GPU in this process."""
   return bool(tf.config.list_physical_devices('GPU'))
+
+
+def onednn_kernels_on():
+  """Whether this process runs TensorFlow's oneDNN CPU kernels (the
+  commands turn them on, cpu.apply_process_settings; TensorFlow itself on
+  CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX)."""
+  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.util import _pywrap_util_port
+  return bool(_pywrap_util_port.IsMklEnabled())
 
 
 def from_train_options(train_options, cpu_devices=None):

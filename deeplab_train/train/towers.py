@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 import tensorflow.compat.v1 as tf
 
 from deeplab_train.model import layers
+from deeplab_train.runtime import session_config
 
 # Op types that hold variable state; these go to the variables device.
 _VARIABLE_OP_TYPES = frozenset(
@@ -87,7 +88,18 @@ class Tower:
   update_ops: List[tf.Operation]
 
 
-def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0'):
+def runs_on_onednn_cpu(device):
+  """Whether ops placed on `device` run on this process's CPU with oneDNN's
+  kernels: a CPU device, or any device where TensorFlow sees no GPU (soft
+  placement moves '/gpu:0' to the CPU), and oneDNN on. A cluster worker
+  builds the graph for its own devices, so this process's view holds."""
+  on_cpu = (tf.DeviceSpec.from_string(device).device_type == 'CPU'
+            or not session_config.gpus_visible())
+  return on_cpu and session_config.onednn_kernels_on()
+
+
+def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
+                 dilation_in_one_op=True):
   """Builds one tower per device.
 
   Args:
@@ -95,6 +107,9 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0'):
       network and loss of tower `index` in the current scopes.
     devices: list of compute devices, one per tower.
     variables_device: where variables live (string or device function).
+    dilation_in_one_op: towers whose device runs oneDNN's CPU kernels
+      compute dilated depthwise convolutions in one op
+      (layers.dilated_depthwise_in_one_op); False: none does.
 
   Returns:
     A list of `Tower`.
@@ -107,7 +122,9 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0'):
       with tf.name_scope('tower_%d' % i) as name_scope:
         with tf.device(device_chooser(device, variables_device)):
           with layers.recording() as rec, \
-              layers.folding_frozen_batch_norm():
+              layers.folding_frozen_batch_norm(), \
+              layers.dilated_depthwise_in_one_op(
+                  dilation_in_one_op and runs_on_onednn_cpu(device)):
             data_loss, losses, outputs = tower_fn(i)
     towers.append(Tower(i, device, name_scope, data_loss, losses, outputs,
                         list(rec.regularization_losses),
