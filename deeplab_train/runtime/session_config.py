@@ -113,8 +113,12 @@ def onednn_kernels_on():
   """Whether this process runs TensorFlow's oneDNN CPU kernels (the
   commands turn them on, cpu.apply_process_settings; TensorFlow itself on
   CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX)."""
-  # pylint: disable=g-import-not-at-top
-  from tensorflow.python.util import _pywrap_util_port
+  try:
+    # TensorFlow's own test utilities ask this private module.
+    # pylint: disable-next=g-import-not-at-top
+    from tensorflow.python.util import _pywrap_util_port
+  except ImportError:  # a TensorFlow without it: off, the safe answer
+    return False
   return bool(_pywrap_util_port.IsMklEnabled())
 
 
