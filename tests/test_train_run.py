@@ -318,3 +318,34 @@ def test_stop_follows_the_step_read_after_the_update():
     # (TensorFlow's StopAtStepHook is no reference here: it fetches the step
     # in the same run as the update, unordered with it, so it reads either
     # value; it ran 3 steps here at 4 most of the time, and 2 in one CI run.)
+
+
+def test_final_checkpoint_is_named_by_the_step_it_holds(tmp_path):
+  """In an asynchronous cluster another worker may finish a step while the
+  chief writes its last checkpoint (seen in a cluster test: model.ckpt-20
+  holding global step 21). Here the saver adds that step during the first
+  save at the end; the last checkpoint must still be named by its step."""
+  with tf.Graph().as_default():
+    global_step = tf.train.get_or_create_global_step()
+    tf.get_variable('w', [2], initializer=tf.zeros_initializer())
+    other_worker_step = tf.assign_add(global_step, 1)
+    saver = tf.train.Saver()
+    saves = []
+
+    class RacingSaver:
+      def save(self, sess, prefix, global_step):
+        if len(saves) == 1:  # the first save at the end
+          sess.run(other_worker_step)
+        saves.append(global_step)
+        return saver.save(sess, prefix, global_step=global_step)
+
+    hook = hooks_lib.CheckpointHook(RacingSaver(), str(tmp_path), global_step,
+                                    global_step.read_value())
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      hook.after_create_session(sess, None)   # writes model.ckpt-0
+      global_step.load(5, sess)
+      hook.end(sess)
+  assert saves == [0, 5, 6]
+  assert hook.last_checkpoint == str(tmp_path / 'model.ckpt-6')
+  assert int(tt.read_checkpoint(hook.last_checkpoint)['global_step']) == 6

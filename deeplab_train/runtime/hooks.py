@@ -19,6 +19,8 @@ from deeplab_train.runtime import result as result_lib
 # Stop reasons recorded by the hooks (see StopState).
 TIME_BUDGET = 'time_budget'
 SIGNAL_PREFIX = result_lib.SIGNAL_PREFIX
+# At most this many checkpoints at the end of a run (see CheckpointHook.end).
+_END_SAVES = 3
 
 
 class NonFiniteLossError(RuntimeError):
@@ -220,8 +222,14 @@ class CheckpointHook(tf.train.SessionRunHook):
       self._save(run_context.session, step)
 
   def end(self, session):
-    step = int(session.run(self._global_step))
-    if step != self._last_step:
+    # In an asynchronous cluster another worker may still finish a step
+    # while the chief saves: the checkpoint then holds a later global step
+    # than its name says. Save again under the step read after the save
+    # until it stays put (workers stop at the last step, so it soon does).
+    for _ in range(_END_SAVES):
+      step = int(session.run(self._global_step))
+      if step == self._last_step:
+        return
       self._save(session, step)
 
   def save_now(self, session, step):
