@@ -231,13 +231,14 @@ def dilated_depthwise_in_one_op(enabled=True):
   So, for stride 1, 'SAME' padding, an odd kernel, depth multiplier 1,
   float32 and rates up to 4, the forward op is the dilated one, the input
   gradient the same op with the kernel flipped, and the filter gradient
-  the space-to-batch form's (the same values: tests/test_dilated_depthwise.
-  py). Only for ops
-  that run on a CPU with oneDNN's kernels: TensorFlow's own kernels refuse
-  the dilated op (CPU) or do not read its dilation (GPU). Entered by the
-  training towers, `enabled` by their device (towers.runs_on_onednn_cpu)
-  and not in graphs built for grappler's bf16 rewrite (its bfloat16 op ran
-  on TensorFlow's own kernel on an AVX2 CPU).
+  the space-to-batch form's (the same values, checked by
+  tests/test_dilated_depthwise.py).
+
+  Only for ops that run on a CPU with oneDNN's kernels: TensorFlow's own
+  kernels refuse the dilated op (CPU) or do not read its dilation (GPU).
+  Entered by the training towers, `enabled` by their device
+  (towers.runs_on_onednn_cpu), and not in graphs built for grappler's bf16
+  rewrite (its bfloat16 op ran on TensorFlow's own kernel on an AVX2 CPU).
   """
   with _setting('one_op_dilation', enabled):
     yield
