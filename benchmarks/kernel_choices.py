@@ -157,7 +157,7 @@ def bench_atrous(config, repeats):
           'space-to-batch': tf.nn.depthwise_conv2d(
               x, w, [1, 1, 1, 1], 'SAME', dilations=[rate, rate]),
           'nine taps': atrous_by_taps(x, w, rate)}
-      if session_config.onednn_kernels_on():  # no dilated kernel without
+      if session_config.onednn_kernels_on():  # only oneDNN's kernel dilates
         forms['one op'] = layers.dilated_depthwise_one_op(x, w, (rate, rate))
       results, ops = {}, {}
       for name, y in forms.items():
