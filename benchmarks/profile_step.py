@@ -14,7 +14,8 @@ trainer runs --steps steps in a fresh logdir and traces the step after
 three quarters of them: the original through tf_slim's trace_every_n_steps
 (set by a wrapper around its training loop, not by a flag of train.py),
 deeplab-train through its --profile_logdir. Prints, per kind of op, the
-summed op time of each (ms and share), the step's wall time in the trace,
+summed op time of each (ms and share), the step's wall time in the trace
+and how it splits (a convolution / matmul running, only other ops, no op),
 and each trainer's slowest op types. One trace is one step: compare shares,
 and repeat for figures to quote. Without --original_dir only deeplab-train
 is profiled.
@@ -82,25 +83,52 @@ def kind_of(op_type):
   return OTHER
 
 
+# The kind whose ops the wall-time split separates from the rest, and the
+# parts of a step's wall time: while one of them runs, while only other ops
+# run, while no op runs.
+DENSE = 'conv / 1x1 matmul'
+WALL_PARTS = ('a conv/matmul runs', 'only other ops run', 'no op runs')
+
+
+def covered_ms(intervals):
+  """Wall time (ms) covered by the union of (start, end) intervals in us."""
+  total, reach = 0, None
+  for start, end in sorted(intervals):
+    if reach is None or start > reach:
+      total += end - start
+      reach = end
+    elif end > reach:
+      total += end - reach
+      reach = end
+  return total / 1000.0
+
+
 def summarize_trace(path):
-  """{'wall_ms', 'op_ms', 'kinds': {kind: ms}, 'ops': {op type: ms}}."""
+  """{'wall_ms', 'op_ms', 'kinds': {kind: ms}, 'ops': {op type: ms},
+  'wall_parts': {part: ms}}: op time summed by kind and type, and the
+  step's wall time split into WALL_PARTS (ops overlap, so their times add
+  up to more than the wall time)."""
   with open(path) as f:
     events = json.load(f)['traceEvents']
   kinds, ops = collections.Counter(), collections.Counter()
-  start, end = None, None
+  dense, busy = [], []
   for event in events:
     if event.get('ph') != 'X':
       continue
     op = event.get('args', {}).get('op') or event.get('name')
-    ms = event.get('dur', 0) / 1000.0
-    kinds[kind_of(op)] += ms
-    ops[op] += ms
-    start = event['ts'] if start is None else min(start, event['ts'])
-    finish = event['ts'] + event.get('dur', 0)
-    end = finish if end is None else max(end, finish)
-  return {'wall_ms': (end - start) / 1000.0 if events else 0.0,
-          'op_ms': sum(kinds.values()), 'kinds': dict(kinds),
-          'ops': dict(ops)}
+    kind, duration = kind_of(op), event.get('dur', 0)
+    kinds[kind] += duration / 1000.0
+    ops[op] += duration / 1000.0
+    busy.append((event['ts'], event['ts'] + duration))
+    if kind == DENSE:
+      dense.append(busy[-1])
+  wall = (max(e for _, e in busy) - min(s for s, _ in busy)) / 1000.0 \
+      if busy else 0.0
+  dense_ms, busy_ms = covered_ms(dense), covered_ms(busy)
+  return {'wall_ms': wall, 'op_ms': sum(kinds.values()),
+          'kinds': dict(kinds), 'ops': dict(ops),
+          'wall_parts': dict(zip(WALL_PARTS, (dense_ms, busy_ms - dense_ms,
+                                              wall - busy_ms)))}
 
 
 def run_logged(argv, log_path, cwd=None, env=None):
@@ -159,6 +187,11 @@ def table(named):
                ''.join('%15.1f ms   ' % s['op_ms'] for _, s in named))
   lines.append('%-22s' % 'wall time of the step' +
                ''.join('%15.1f ms   ' % s['wall_ms'] for _, s in named))
+  for part in WALL_PARTS:
+    lines.append('%-22s' % ('  ' + part) + ''.join(
+        '%12.1f ms %5.1f%%' % (s['wall_parts'][part], 100.0 *
+                               s['wall_parts'][part] / max(s['wall_ms'], 1e-9))
+        for _, s in named))
   for name, s in named:
     lines.append('slowest op types, %s:' % name)
     top = sorted(s['ops'].items(), key=lambda kv: -kv[1])[:12]

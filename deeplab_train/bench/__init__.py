@@ -8,7 +8,8 @@ process:
       `build_training_graph` fed by that pipeline;
   (c) FLOPs of one training step and the FLOP/s achieved;
   (d) the machine's fp32 dense peak, measured by a square matmul in the same
-      run, and the share of it that training achieves;
+      run before and after training (the faster of the two), and the share
+      of it that training achieves;
   (e) the process's peak resident memory (ru_maxrss);
   (f) the time the towers waited for input.
 

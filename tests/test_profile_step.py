@@ -1,0 +1,52 @@
+"""benchmarks/profile_step.py's reading of a Chrome trace: op time by kind
+and the split of the step's wall time (no TensorFlow needed)."""
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parent.parent / 'benchmarks' / (
+    'profile_step.py')
+
+
+@pytest.fixture(scope='module')
+def profile_step():
+  spec = importlib.util.spec_from_file_location('profile_step', SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _op(op, start_ms, end_ms):
+  return {'ph': 'X', 'name': op, 'ts': start_ms * 1000,
+          'dur': (end_ms - start_ms) * 1000, 'args': {'op': op, 'name': op}}
+
+
+def test_wall_time_splits_into_matmul_other_and_idle(profile_step, tmp_path):
+  # 0-10 a matmul, 5-12 another (overlapping), 8-15 batch norm (partly
+  # beside them), nothing 15-20, 20-24 a ReLU alone.
+  events = [_op('_MklMatMul', 0, 10), _op('_MklNativeConv2D', 5, 12),
+            _op('FusedBatchNormV3', 8, 15), _op('Relu', 20, 24),
+            {'ph': 'M', 'name': 'process_name', 'args': {'name': 'cpu'}}]
+  path = tmp_path / 'timeline.json'
+  path.write_text(json.dumps({'traceEvents': events}))
+
+  summary = profile_step.summarize_trace(str(path))
+
+  assert summary['wall_ms'] == pytest.approx(24.0)
+  assert summary['op_ms'] == pytest.approx(10 + 7 + 7 + 4)
+  assert summary['kinds']['conv / 1x1 matmul'] == pytest.approx(17.0)
+  assert summary['kinds']['batch norm'] == pytest.approx(7.0)
+  parts = summary['wall_parts']
+  assert parts == pytest.approx({'a conv/matmul runs': 12.0,
+                                 'only other ops run': 3.0 + 4.0,
+                                 'no op runs': 5.0})
+  table = profile_step.table([('deeplab-train', summary)])
+  assert 'only other ops run' in table and '7.0 ms' in table
+
+
+def test_covered_time_merges_nested_and_touching_spans(profile_step):
+  assert profile_step.covered_ms([]) == 0.0
+  assert profile_step.covered_ms(
+      [(0, 4000), (1000, 2000), (4000, 5000), (7000, 8000)]) == 6.0
