@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 from absl import flags
 from absl.testing import flagsaver
@@ -18,6 +19,8 @@ import tensorflow.compat.v1 as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 from deeplab_train import bench
+from deeplab_train.bench import benchmark
+from deeplab_train.bench import measure
 from deeplab_train import config
 from deeplab_train.config import PreprocessOptions
 from deeplab_train.cli import bench as bench_cli
@@ -534,6 +537,34 @@ def _run_bench(args, tmp_path):
          '--bench_json=%s' % (tmp_path / 'bench.json')] + args
   return subprocess.run(cmd, capture_output=True, text=True, env=env,
                         timeout=300, check=False)
+
+
+def test_bench_keeps_the_faster_of_the_peaks_before_and_after(monkeypatch):
+  # A load during the first measurement (86) must not make the share of
+  # the peak look larger than it is: the figure after the steps wins.
+  peaks = iter([86.0, 90.0, 130.0, 80.0])  # fp32, bf16 before; after
+  monkeypatch.setattr(measure, 'matmul_peak_gflops',
+                      lambda *args: next(peaks))
+  monkeypatch.setattr(measure, 'input_pipeline_rate', lambda *args: 100.0)
+  monkeypatch.setattr(measure, 'graph_flops', lambda graph: 2.6e9)
+  monkeypatch.setattr(measure, 'time_training', lambda *args: (
+      measure.TrainingTimes(seconds_per_step=0.1, first_step_seconds=1.0,
+                            cores_used=2.0, input_wait_seconds_per_step=None,
+                            input_wait_fraction=None, first_loss=1.0,
+                            last_loss=0.9)))
+  job = benchmark.BenchJob(
+      model_options=_model_options(), train_options=_train_options(),
+      preprocess_options=None, dataset_dir='', dataset_info=None, split='',
+      data='synthetic', mixed_precision='none', use_xla=False,
+      session_config=None, peak_session_config=None,
+      build_graph=lambda input_fn: types.SimpleNamespace(
+          graph=None, train_op=None, total_loss=None, scaffold=None))
+
+  result = benchmark.run_benchmark(job, bench.BenchOptions())
+
+  assert (result['peak_gflops'], result['peak_bf16_gflops']) == (130.0, 90.0)
+  assert result['achieved_gflops'] == pytest.approx(26.0)
+  assert result['peak_fraction'] == pytest.approx(26.0 / 130.0)
 
 
 def test_bench_command_prints_table_and_json(tmp_path):
