@@ -172,26 +172,26 @@ def _last_trace(logdir, pattern):
   return traces[-1]
 
 
+def _share(ms, whole_ms):
+  """One table cell: ms and its share of whole_ms."""
+  return '%12.1f ms %5.1f%%' % (ms, 100.0 * ms / max(whole_ms, 1e-9))
+
+
 def table(named):
   """Rows of op time per kind, one column pair per (name, summary)."""
   kinds = [k for k, _ in KINDS] + [OTHER]
   head = '%-22s' % 'kind' + ''.join('%22s' % n for n, _ in named)
   lines = [head]
   for kind in kinds:
-    cells = ''
-    for _, s in named:
-      ms = s['kinds'].get(kind, 0.0)
-      cells += '%12.1f ms %5.1f%%' % (ms, 100.0 * ms / max(s['op_ms'], 1e-9))
-    lines.append('%-22s' % kind + cells)
+    lines.append('%-22s' % kind + ''.join(
+        _share(s['kinds'].get(kind, 0.0), s['op_ms']) for _, s in named))
   lines.append('%-22s' % 'sum of op times' +
                ''.join('%15.1f ms   ' % s['op_ms'] for _, s in named))
   lines.append('%-22s' % 'wall time of the step' +
                ''.join('%15.1f ms   ' % s['wall_ms'] for _, s in named))
   for part in WALL_PARTS:
     lines.append('%-22s' % ('  ' + part) + ''.join(
-        '%12.1f ms %5.1f%%' % (s['wall_parts'][part], 100.0 *
-                               s['wall_parts'][part] / max(s['wall_ms'], 1e-9))
-        for _, s in named))
+        _share(s['wall_parts'][part], s['wall_ms']) for _, s in named))
   for name, s in named:
     lines.append('slowest op types, %s:' % name)
     top = sorted(s['ops'].items(), key=lambda kv: -kv[1])[:12]
