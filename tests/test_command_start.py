@@ -37,11 +37,10 @@ def _entry_points():
 
 
 ENTRY_POINTS = _entry_points()
-# Commands with a required flag. deeplab-bench runs a benchmark of its
-# defaults when given none; deeplab-build-data's folders default to the
-# original's VOC layout, which it checks in the conversion (TensorFlow).
-NEEDS_A_FLAG = sorted(set(ENTRY_POINTS)
-                      - {'deeplab-bench', 'deeplab-build-data'})
+# Commands with a required flag (deeplab-build-data: its input folders,
+# whose defaults are the original's VOC layout, missing here). deeplab-bench
+# runs a benchmark of its defaults when given none.
+NEEDS_A_FLAG = sorted(set(ENTRY_POINTS) - {'deeplab-bench'})
 
 
 def _start(command, *args):

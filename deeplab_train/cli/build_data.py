@@ -36,6 +36,7 @@ from deeplab_train.cli import app
 from deeplab_train.cli import flag_table
 from deeplab_train.cli import output_paths
 from deeplab_train.config import ConfigError
+from deeplab_train.data import build_inputs
 from deeplab_train.data import build_options
 from deeplab_train.data import colormap
 from deeplab_train.data import stats
@@ -139,12 +140,30 @@ def options_from_flags():
       colormap=FLAGS.colormap, convert_rgb_labels=FLAGS.convert_rgb_labels,
       num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers).validate()
   output_paths.check_output_folder('output_dir', FLAGS.output_dir)
-  return BuildJob(
+  job = BuildJob(
       options=options, image_folder=FLAGS.image_folder,
       output_dir=FLAGS.output_dir, label_format=FLAGS.label_format,
       split_name=FLAGS.split_name, masks_folder=FLAGS.masks_folder,
       semantic_segmentation_folder=FLAGS.semantic_segmentation_folder,
       list_folder=FLAGS.list_folder, image_format=FLAGS.image_format)
+  _check_input_folders(job)
+  return job
+
+
+def _check_input_folders(job):
+  """Raises ConfigError naming the flag of a missing input folder: before
+  the conversion loads TensorFlow (seconds), so that a wrong path, or the
+  original's VOC defaults where there is no VOCdevkit, is answered at
+  once. The conversion lists and checks everything else."""
+  if job.masks_folder:
+    folders = (('{build_generic.image_folder}', job.image_folder),
+               ('{build_generic.masks_folder}', job.masks_folder))
+  else:
+    folders = (('{build_voc.image_folder}', job.image_folder),
+               ('{build_voc.label_folder}', job.semantic_segmentation_folder),
+               ('{build_voc.list_folder}', job.list_folder))
+  for field, path in folders:
+    build_inputs.require_dir(path, field)
 
 
 def convert(job):
