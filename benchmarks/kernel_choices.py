@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Alternative ways to compute a few of a training step's ops, timed alone.
 
-    python benchmarks/kernel_choices.py [--only matmul,reduce,atrous]
+    python benchmarks/kernel_choices.py [--only matmul,reduce,atrous,
+                                               filter_gradient]
                                         [--repeats 15] [--threads 2]
 
 Measures, on this machine and with the settings of the deeplab-* commands
@@ -21,7 +22,14 @@ weighs before changing how the model builds an op:
   use on a oneDNN CPU for rates up to layers.MAX_ONE_OP_RATE) and as a sum
   of nine shifted products, for ASPP (rates 6/12/18 on 21x21x2048),
   xception_65's exit flow at OS16 and mobilenet_v2 OS8 shapes. Prints the
-  largest relative difference of each form from space-to-batch too.
+  largest relative difference of each form from space-to-batch too;
+- filter_gradient: the filter gradient of a convolution as oneDNN's
+  Conv2DBackpropFilter and as a matmul over the input's patches
+  (layers.conv2d_filter_gradient_by_patches, what the training towers use
+  on a oneDNN CPU for stride-1 inputs of at least
+  layers.MIN_PATCH_GRADIENT_PIXELS pixels), for the stem convolutions of
+  xception_65 and the resnet "beta" variants and for resnet's 3x3
+  convolutions (batch 2, crop 321), with the largest relative difference.
 
 Each figure is the best of three medians of --repeats runs of one op in
 its own graph, after warm-up; the inputs are variables, so that grappler
@@ -62,6 +70,16 @@ ATROUS_CASES = (((2, 21, 21, 2048), 6), ((2, 21, 21, 2048), 12),
                 ((2, 21, 21, 2048), 18), ((2, 21, 21, 1536), 2),
                 ((4, 41, 41, 384), 2), ((4, 41, 41, 576), 2),
                 ((4, 41, 41, 960), 4), ((4, 41, 41, 384), 6))
+# (NHWC input, kernel, output channels, stride, padding) of convolutions.
+FILTER_GRADIENT_CASES = (
+    ((2, 161, 161, 32), 3, 64, 1, 'SAME'),    # xception_65 entry conv1_2
+    ((2, 161, 161, 64), 3, 64, 1, 'SAME'),    # resnet beta conv1_2
+    ((2, 161, 161, 64), 3, 128, 1, 'SAME'),   # resnet beta conv1_3
+    ((2, 81, 81, 64), 3, 64, 1, 'SAME'),      # resnet block1
+    ((2, 41, 41, 128), 3, 128, 1, 'SAME'),    # resnet block2
+    ((2, 21, 21, 256), 3, 256, 1, 'SAME'),    # resnet block3, OS16
+    ((2, 323, 323, 3), 3, 32, 2, 'VALID'),    # xception_65 entry conv1_1
+)
 
 
 def _variable(shape, seed):
@@ -179,8 +197,39 @@ def bench_atrous(config, repeats):
               ', '.join('%s %.1e' % item for item in differences.items())))
 
 
+def bench_filter_gradient(config, repeats):
+  print('filter gradient of a convolution, ms (input, kernel, outputs, '
+        'stride):')
+  for shape, kernel, outputs, stride, padding in FILTER_GRADIENT_CASES:
+    with tf.Graph().as_default():
+      x = _variable(shape, 0)
+      w = _variable((kernel, kernel, shape[3], outputs), 1)
+      y = tf.nn.conv2d(x, w, stride, padding)
+      upstream = _variable(y.shape.as_list(), 2)
+      forms = {'oneDNN': tf.gradients(y, w, upstream)[0]}
+      if stride == 1:
+        forms['patches'] = tf.gradients(
+            layers.conv2d_filter_gradient_by_patches(x, w, padding), w,
+            upstream)[0]
+      seconds = time_ops({name: _scalar(g) for name, g in forms.items()},
+                         config, repeats)
+      with tf.Session(config=config) as sess:
+        sess.run(tf.global_variables_initializer())
+        values = sess.run(forms)
+    reference = values.pop('oneDNN')
+    differences = ', '.join(
+        '%s %.1e' % (name, np.abs(v - reference).max()
+                     / np.abs(reference).max())
+        for name, v in values.items())
+    print('  %-18s %dx%d %4d s%d  %s%s' % (
+        shape, kernel, kernel, outputs, stride, '  '.join(
+            '%s %6.1f' % (name, s * 1e3) for name, s in seconds.items()),
+        '  (largest relative difference: %s)' % differences
+        if differences else ''))
+
+
 BENCHES = {'matmul': bench_matmul, 'reduce': bench_reduce,
-           'atrous': bench_atrous}
+           'atrous': bench_atrous, 'filter_gradient': bench_filter_gradient}
 
 
 def main():

@@ -45,6 +45,7 @@ import tensorflow.compat.v1 as tf
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import train as train_cli
 from deeplab_train.model import deeplab
+from deeplab_train.model import layers
 from deeplab_train.runtime import cpu as cpu_lib
 from deeplab_train.train import graph as graph_lib
 
@@ -134,6 +135,11 @@ def _input_fn(images, labels):
 
 def _build(case_argv, facts, monkeypatch):
   monkeypatch.setattr(deeplab, 'DROPOUT_KEEP_PROB', 1.0)
+  # At the cases' small crops no input reaches the size from which the
+  # training towers compute a convolution's filter gradient from patches
+  # (layers.filter_gradient_as_matmul); from any size, so that the cases
+  # check that form too (xception_65's entry_flow/conv1_2).
+  monkeypatch.setattr(layers, 'MIN_PATCH_GRADIENT_PIXELS', 1)
   model_options, train_options = _options_from_argv(case_argv)
   images = facts['images'].astype(np.float32)
   labels = facts['labels'].astype(np.int32)

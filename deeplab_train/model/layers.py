@@ -245,6 +245,28 @@ def dilated_depthwise_in_one_op(enabled=True):
 
 
 @contextlib.contextmanager
+def filter_gradient_as_matmul(enabled=True):
+  """Context in which a large stride-1 convolution's filter gradient is one
+  matmul over the input's patches.
+
+  oneDNN's filter-gradient kernel is slow on an AVX2 CPU for stride-1
+  convolutions over large inputs with few channels: the stem convolutions
+  of xception_65 (entry_flow/conv1_2) and of the resnet "beta" variants.
+  So, for a float32 convolution with stride 1, rate 1, a kernel larger
+  than 1x1 and at least MIN_PATCH_GRADIENT_PIXELS pixels per input image,
+  the filter gradient is one matmul of the output gradient with the
+  kh*kw*C patches of the input (tf.image.extract_patches, in the weights'
+  order); the forward op and the input gradient stay oneDNN's
+  (conv2d_filter_gradient_by_patches).
+
+  Only for ops on a CPU with oneDNN's kernels (towers.runs_on_onednn_cpu),
+  entered by the training towers as dilated_depthwise_in_one_op is.
+  """
+  with _setting('patch_filter_gradient', enabled):
+    yield
+
+
+@contextlib.contextmanager
 def _setting(name, value):
   before = getattr(_state, name, False)
   setattr(_state, name, value)
@@ -324,6 +346,11 @@ def conv2d(x, num_outputs, kernel_size, params: ConvParams, scope,
     w, offset = _fold_batch_norm(w, params, normalize)
     if (kh, kw) == (1, 1) and stride == 1:
       y = _pointwise(x, _compute_dtype(x, w))
+    elif (getattr(_state, 'patch_filter_gradient', False) and stride == 1
+          and rate == 1 and x.dtype == tf.float32
+          and x.shape[1:3].num_elements() is not None
+          and x.shape[1:3].num_elements() >= MIN_PATCH_GRADIENT_PIXELS):
+      y = conv2d_filter_gradient_by_patches(x, w, padding)
     elif rate > 1 and stride == 1:
       # Atrous through space-to-batch, as the original's layers built it:
       # Conv2D's own dilations have no CPU gradient kernels without oneDNN
@@ -337,6 +364,39 @@ def conv2d(x, num_outputs, kernel_size, params: ConvParams, scope,
                        dilations=[1, rate, rate, 1])
     return _finish(y, params, activation, use_bias, num_outputs, normalize,
                    offset)
+
+
+# The smallest input (height x width) whose filter gradient
+# `filter_gradient_as_matmul` computes from patches. On a 2-core AVX2 CPU,
+# ms for oneDNN's kernel / the patches and a matmul (batch 2, 3x3; `python
+# benchmarks/kernel_choices.py --only filter_gradient`): 161x161, 32 to 64
+# channels 74.5 / 45.3, 64 to 64 160 / 81, 64 to 128 331 / 109; 81x81x64
+# 26.1 / 20.6; 41x41x128 20.2 / 18.5 and 21x21x256 17.1 / 15.9 (in another
+# run 26 / 23 and 24 / 25: too close to choose).
+MIN_PATCH_GRADIENT_PIXELS = 81 * 81
+
+
+def conv2d_filter_gradient_by_patches(x, w, padding):
+  """tf.nn.conv2d with stride 1 whose filter gradient is a matmul of the
+  output gradient with x's patches (`filter_gradient_as_matmul`)."""
+  strides = [1, 1, 1, 1]
+
+  @tf.custom_gradient
+  def conv(x, w):
+    def grad(dy):
+      kh, kw, channels, num_outputs = w.shape.as_list()
+      dx = tf.nn.conv2d_backprop_input(tf.shape(x), w, dy, strides, padding)
+      patches = tf.image.extract_patches(
+          x, [1, kh, kw, 1], strides, [1, 1, 1, 1], padding)
+      # dy^T patches, transposed: a little faster than patches^T dy for
+      # xception_65's conv1_2 (48 against 53 ms).
+      dw = tf.matmul(tf.reshape(dy, [-1, num_outputs]),
+                     tf.reshape(patches, [-1, kh * kw * channels]),
+                     transpose_a=True)
+      return dx, tf.reshape(tf.transpose(dw), w.shape)
+    return tf.nn.conv2d(x, w, strides, padding), grad
+
+  return conv(x, w)
 
 
 def _pointwise(x, w):

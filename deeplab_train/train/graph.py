@@ -218,13 +218,14 @@ def build_training_graph(model_options, train_options, *, ignore_label,
     tower_fn = _tower_fn(shares, model_fn, model_options.num_classes,
                          ignore_label, train_options, global_step)
     before = set(tf.global_variables())
-    # Under grappler's bf16 rewrite the dilated depthwise op ran on
-    # TensorFlow's own kernel, which refuses dilations (AVX2 CPU).
+    # The oneDNN forms are for fp32: under grappler's bf16 rewrite the
+    # dilated depthwise op ran on TensorFlow's own kernel, which refuses
+    # dilations (AVX2 CPU).
     towers = towers_lib.build_towers(
         tower_fn, towers_lib.tower_devices(
             train_options.num_clones, train_options.clone_on_cpu,
             device_pattern), variables_device,
-        dilation_in_one_op=train_options.mixed_precision == 'none')
+        onednn_forms=train_options.mixed_precision == 'none')
     model_variables = [v for v in tf.global_variables() if v not in before]
     trainable = [v for v in tf.trainable_variables() if v not in before]
     with tf.name_scope('train') as train_scope:

@@ -99,7 +99,7 @@ def runs_on_onednn_cpu(device):
 
 
 def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
-                 dilation_in_one_op=True):
+                 onednn_forms=True):
   """Builds one tower per device.
 
   Args:
@@ -107,9 +107,9 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
       network and loss of tower `index` in the current scopes.
     devices: list of compute devices, one per tower.
     variables_device: where variables live (string or device function).
-    dilation_in_one_op: towers whose device runs oneDNN's CPU kernels
-      compute dilated depthwise convolutions in one op
-      (layers.dilated_depthwise_in_one_op); False: none does.
+    onednn_forms: towers whose device runs oneDNN's CPU kernels build the
+      forms that are faster there (layers.dilated_depthwise_in_one_op,
+      layers.filter_gradient_as_matmul); False: none does.
 
   Returns:
     A list of `Tower`.
@@ -121,10 +121,11 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
     with tf.variable_scope(tf.get_variable_scope(), reuse=True if i else None):
       with tf.name_scope('tower_%d' % i) as name_scope:
         with tf.device(device_chooser(device, variables_device)):
+          on_onednn = onednn_forms and runs_on_onednn_cpu(device)
           with layers.recording() as rec, \
               layers.folding_frozen_batch_norm(), \
-              layers.dilated_depthwise_in_one_op(
-                  dilation_in_one_op and runs_on_onednn_cpu(device)):
+              layers.dilated_depthwise_in_one_op(on_onednn), \
+              layers.filter_gradient_as_matmul(on_onednn):
             data_loss, losses, outputs = tower_fn(i)
     towers.append(Tower(i, device, name_scope, data_loss, losses, outputs,
                         list(rec.regularization_losses),

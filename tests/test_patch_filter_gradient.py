@@ -1,0 +1,87 @@
+"""A convolution whose filter gradient is a matmul over the input's patches
+(layers.filter_gradient_as_matmul): the same output and gradients as
+tf.nn.conv2d, only for the convolutions it covers, and in the training
+towers only where oneDNN's CPU kernels run."""
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from deeplab_train.model import layers
+from deeplab_train.runtime import session_config
+from deeplab_train.train import towers
+
+PLAIN = layers.ConvParams(batch_norm=None, activation=None)
+
+
+def _patch_ops(graph):
+  return [op for op in graph.get_operations()
+          if op.type == 'ExtractImagePatches']
+
+
+def _output_and_gradients(by_patches, kernel, padding='SAME', stride=1,
+                          rate=1, shape=(2, 13, 11, 3), outputs=4):
+  """[y, dy/dx, dy/dweights] of a conv2d layer, and its patch ops."""
+  rng = np.random.RandomState(0)
+  x_value = rng.uniform(-2, 2, shape).astype(np.float32)
+  with tf.Graph().as_default() as graph:
+    tf.set_random_seed(1)
+    x = tf.constant(x_value)
+    with layers.filter_gradient_as_matmul(by_patches):
+      y = layers.conv2d(x, outputs, kernel, PLAIN, 'conv', stride=stride,
+                        rate=rate, padding=padding, use_bias=False)
+    (weights,) = tf.trainable_variables()
+    dy = tf.constant(rng.uniform(-1, 1, y.shape.as_list()).astype(np.float32))
+    grads = tf.gradients(y, [x, weights], dy)
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      return sess.run([y] + grads), _patch_ops(graph)
+
+
+# (kernel, padding, stride, rate, input shape, whether the form applies)
+# with MIN_PATCH_GRADIENT_PIXELS at 13 * 11 (the default input's pixels).
+CASES = {
+    '3x3 SAME': (3, 'SAME', 1, 1, (2, 13, 11, 3), True),
+    '3x3 VALID': (3, 'VALID', 1, 1, (2, 13, 11, 3), True),
+    '1x3 SAME': ((1, 3), 'SAME', 1, 1, (2, 13, 11, 3), True),
+    '5x5 SAME, 8 channels': (5, 'SAME', 1, 1, (1, 13, 11, 8), True),
+    '4x4 SAME (even kernel)': (4, 'SAME', 1, 1, (2, 13, 11, 3), True),
+    '3x3 stride 2': (3, 'SAME', 2, 1, (2, 13, 11, 3), False),
+    '3x3 rate 2': (3, 'SAME', 1, 2, (2, 13, 11, 3), False),
+    '1x1': (1, 'SAME', 1, 1, (2, 13, 11, 3), False),
+    '3x3 on a smaller input': (3, 'SAME', 1, 1, (2, 12, 11, 3), False),
+}
+
+
+@pytest.mark.parametrize('name', sorted(CASES))
+def test_patches_form_equals_conv2d(monkeypatch, name):
+  kernel, padding, stride, rate, shape, applies = CASES[name]
+  monkeypatch.setattr(layers, 'MIN_PATCH_GRADIENT_PIXELS', 13 * 11)
+  args = (kernel, padding, stride, rate, shape)
+  plain, plain_ops = _output_and_gradients(False, *args)
+  patched, patch_ops = _output_and_gradients(True, *args)
+  assert not plain_ops
+  assert len(patch_ops) == (1 if applies else 0), patch_ops
+  for label, a, b in zip(['output', 'd/dx', 'd/dweights'], plain, patched):
+    assert a.shape == b.shape, label
+    scale = float(np.max(np.abs(a)))
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * scale,
+                               err_msg=label)
+
+
+@pytest.mark.parametrize('onednn', [True, False])
+def test_towers_use_the_patches_form_where_onednn_runs(monkeypatch, onednn):
+  monkeypatch.setattr(session_config, 'onednn_kernels_on', lambda: onednn)
+  monkeypatch.setattr(session_config, 'gpus_visible', lambda: False)
+  monkeypatch.setattr(layers, 'MIN_PATCH_GRADIENT_PIXELS', 1)
+
+  def tower_fn(index):
+    del index
+    y = layers.conv2d(tf.zeros([1, 5, 5, 2]), 3, 3, PLAIN, 'conv')
+    return tf.reduce_sum(y), {}, y
+
+  for forms in (True, False):
+    with tf.Graph().as_default() as graph:
+      (tower,) = towers.build_towers(tower_fn, ['/cpu:0'],
+                                     onednn_forms=forms)
+      tf.gradients(tower.data_loss, tf.trainable_variables())
+    assert len(_patch_ops(graph)) == (1 if forms and onednn else 0)
