@@ -164,3 +164,31 @@ def randomize_variables(sess, seed=0):
     feed[var.initializer.inputs[1]] = np.asarray(
         value, var.dtype.as_numpy_dtype)
   sess.run([var.initializer for var in variables], feed)
+
+
+def layer_output_and_gradients(build_layer, shape):
+  """([y, dy/dx, dy/dweights], graph) of the layer with one variable that
+  `build_layer(x)` builds on a fixed random input of `shape`, with a fixed
+  random upstream gradient."""
+  rng = np.random.RandomState(0)
+  x_value = rng.uniform(-2, 2, shape).astype(np.float32)
+  with tf.Graph().as_default() as graph:
+    tf.set_random_seed(1)
+    x = tf.constant(x_value)
+    y = build_layer(x)
+    (weights,) = tf.trainable_variables()
+    dy = tf.constant(rng.uniform(-1, 1, y.shape.as_list()).astype(np.float32))
+    grads = tf.gradients(y, [x, weights], dy)
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      return sess.run([y] + grads), graph
+
+
+def assert_same_output_and_gradients(expected, got, tolerance=1e-5):
+  """Output and gradients (layer_output_and_gradients) equal, each within
+  `tolerance` times its largest magnitude."""
+  for label, a, b in zip(['output', 'd/dx', 'd/dweights'], expected, got):
+    assert a.shape == b.shape, label
+    scale = float(np.max(np.abs(a)))
+    np.testing.assert_allclose(b, a, rtol=0, atol=tolerance * scale,
+                               err_msg=label)

@@ -12,6 +12,8 @@ from deeplab_train.runtime import session_config
 from deeplab_train.train import graph as graph_lib
 from deeplab_train.train import towers
 
+import model_testing
+
 ONEDNN_ON = session_config.onednn_kernels_on()
 PLAIN = layers.ConvParams(batch_norm=None, activation=None)
 
@@ -26,21 +28,13 @@ def _dilated_ops(graph):
 def _output_and_gradients(one_op, kernel, rate, multiplier=1,
                           shape=(2, 13, 11, 4)):
   """[y, dy/dx, dy/dweights] of a depthwise layer, and its dilated ops."""
-  rng = np.random.RandomState(0)
-  x_value = rng.uniform(-2, 2, shape).astype(np.float32)
-  with tf.Graph().as_default() as graph:
-    tf.set_random_seed(1)
-    x = tf.constant(x_value)
+  def build(x):
     with layers.dilated_depthwise_in_one_op(one_op):
-      y = layers.depthwise_conv2d(x, kernel, PLAIN, 'dw', rate=rate,
-                                  depth_multiplier=multiplier,
-                                  use_bias=False)
-    (weights,) = tf.trainable_variables()
-    dy = tf.constant(rng.uniform(-1, 1, y.shape.as_list()).astype(np.float32))
-    grads = tf.gradients(y, [x, weights], dy)
-    with tf.Session() as sess:
-      sess.run(tf.global_variables_initializer())
-      return sess.run([y] + grads), _dilated_ops(graph)
+      return layers.depthwise_conv2d(x, kernel, PLAIN, 'dw', rate=rate,
+                                     depth_multiplier=multiplier,
+                                     use_bias=False)
+  values, graph = model_testing.layer_output_and_gradients(build, shape)
+  return values, _dilated_ops(graph)
 
 
 # (kernel, rate, depth multiplier, whether the one-op form applies).
@@ -66,11 +60,7 @@ def test_one_op_form_equals_space_to_batch(name):
   assert not plain_ops
   # The dilated op computes the output and the input gradient.
   assert len(one_op_ops) == (2 if applies else 0), one_op_ops
-  for label, a, b in zip(['output', 'd/dx', 'd/dweights'], plain, one_op):
-    assert a.shape == b.shape, label
-    scale = float(np.max(np.abs(a)))
-    np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * scale,
-                               err_msg=label)
+  model_testing.assert_same_output_and_gradients(plain, one_op)
 
 
 @pytest.mark.parametrize('onednn', [True, False])

@@ -2,13 +2,14 @@
 (layers.filter_gradient_as_matmul): the same output and gradients as
 tf.nn.conv2d, only for the convolutions it covers, and in the training
 towers only where oneDNN's CPU kernels run."""
-import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
 from deeplab_train.model import layers
 from deeplab_train.runtime import session_config
 from deeplab_train.train import towers
+
+import model_testing
 
 PLAIN = layers.ConvParams(batch_norm=None, activation=None)
 
@@ -18,23 +19,14 @@ def _patch_ops(graph):
           if op.type == 'ExtractImagePatches']
 
 
-def _output_and_gradients(by_patches, kernel, padding='SAME', stride=1,
-                          rate=1, shape=(2, 13, 11, 3), outputs=4):
+def _output_and_gradients(by_patches, kernel, padding, stride, rate, shape):
   """[y, dy/dx, dy/dweights] of a conv2d layer, and its patch ops."""
-  rng = np.random.RandomState(0)
-  x_value = rng.uniform(-2, 2, shape).astype(np.float32)
-  with tf.Graph().as_default() as graph:
-    tf.set_random_seed(1)
-    x = tf.constant(x_value)
+  def build(x):
     with layers.filter_gradient_as_matmul(by_patches):
-      y = layers.conv2d(x, outputs, kernel, PLAIN, 'conv', stride=stride,
-                        rate=rate, padding=padding, use_bias=False)
-    (weights,) = tf.trainable_variables()
-    dy = tf.constant(rng.uniform(-1, 1, y.shape.as_list()).astype(np.float32))
-    grads = tf.gradients(y, [x, weights], dy)
-    with tf.Session() as sess:
-      sess.run(tf.global_variables_initializer())
-      return sess.run([y] + grads), _patch_ops(graph)
+      return layers.conv2d(x, 4, kernel, PLAIN, 'conv', stride=stride,
+                           rate=rate, padding=padding, use_bias=False)
+  values, graph = model_testing.layer_output_and_gradients(build, shape)
+  return values, _patch_ops(graph)
 
 
 # (kernel, padding, stride, rate, input shape, whether the form applies)
@@ -61,11 +53,7 @@ def test_patches_form_equals_conv2d(monkeypatch, name):
   patched, patch_ops = _output_and_gradients(True, *args)
   assert not plain_ops
   assert len(patch_ops) == (1 if applies else 0), patch_ops
-  for label, a, b in zip(['output', 'd/dx', 'd/dweights'], plain, patched):
-    assert a.shape == b.shape, label
-    scale = float(np.max(np.abs(a)))
-    np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * scale,
-                               err_msg=label)
+  model_testing.assert_same_output_and_gradients(plain, patched)
 
 
 @pytest.mark.parametrize('onednn', [True, False])
