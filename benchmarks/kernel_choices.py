@@ -92,6 +92,11 @@ def _scalar(t):
   return tf.reduce_sum(t[tuple(slice(0, 1) for _ in t.shape)])
 
 
+def _relative_difference(reference, value):
+  """Largest |value - reference| over the largest |reference|."""
+  return float(np.abs(value - reference).max() / np.abs(reference).max())
+
+
 def time_ops(named_ops, config, repeats):
   """{name: seconds} for ops of the default graph, alternated."""
   best = {}
@@ -187,7 +192,7 @@ def bench_atrous(config, repeats):
         values = sess.run(results)
     reference = values.pop('space-to-batch')
     differences = {
-        name: max(float(np.abs(p - q).max() / np.abs(p).max())
+        name: max(_relative_difference(p, q)
                   for p, q in zip(reference, form))
         for name, form in values.items()}
     print('  %-18s rate %-2d %s  (largest relative difference from '
@@ -218,8 +223,7 @@ def bench_filter_gradient(config, repeats):
         values = sess.run(forms)
     reference = values.pop('oneDNN')
     differences = ', '.join(
-        '%s %.1e' % (name, np.abs(v - reference).max()
-                     / np.abs(reference).max())
+        '%s %.1e' % (name, _relative_difference(reference, v))
         for name, v in values.items())
     print('  %-18s %dx%d %4d s%d  %s%s' % (
         shape, kernel, kernel, outputs, stride, '  '.join(

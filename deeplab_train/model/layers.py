@@ -348,8 +348,8 @@ def conv2d(x, num_outputs, kernel_size, params: ConvParams, scope,
       y = _pointwise(x, _compute_dtype(x, w))
     elif (getattr(_state, 'patch_filter_gradient', False) and stride == 1
           and rate == 1 and x.dtype == tf.float32
-          and x.shape[1:3].num_elements() is not None
-          and x.shape[1:3].num_elements() >= MIN_PATCH_GRADIENT_PIXELS):
+          and ((x.shape[1:3].num_elements() or 0)
+               >= MIN_PATCH_GRADIENT_PIXELS)):
       y = conv2d_filter_gradient_by_patches(x, w, padding)
     elif rate > 1 and stride == 1:
       # Atrous through space-to-batch, as the original's layers built it:
