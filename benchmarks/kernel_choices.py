@@ -29,7 +29,8 @@ weighs before changing how the model builds an op:
   on a oneDNN CPU for stride-1 inputs of at least
   layers.MIN_PATCH_GRADIENT_PIXELS pixels), for the stem convolutions of
   xception_65 and the resnet "beta" variants and for resnet's 3x3
-  convolutions (batch 2, crop 321), with the largest relative difference.
+  convolutions (batch 2, crop 321; resnet's block1 at crop 513 too), with
+  the largest relative difference.
 
 Each figure is the best of three medians of --repeats runs of one op in
 its own graph, after warm-up; the inputs are variables, so that grappler
@@ -75,6 +76,7 @@ FILTER_GRADIENT_CASES = (
     ((2, 161, 161, 32), 3, 64, 1, 'SAME'),    # xception_65 entry conv1_2
     ((2, 161, 161, 64), 3, 64, 1, 'SAME'),    # resnet beta conv1_2
     ((2, 161, 161, 64), 3, 128, 1, 'SAME'),   # resnet beta conv1_3
+    ((2, 129, 129, 64), 3, 64, 1, 'SAME'),    # resnet block1, crop 513
     ((2, 81, 81, 64), 3, 64, 1, 'SAME'),      # resnet block1
     ((2, 41, 41, 128), 3, 128, 1, 'SAME'),    # resnet block2
     ((2, 21, 21, 256), 3, 256, 1, 'SAME'),    # resnet block3, OS16

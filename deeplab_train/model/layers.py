@@ -367,13 +367,15 @@ def conv2d(x, num_outputs, kernel_size, params: ConvParams, scope,
 
 
 # The smallest input (height x width) whose filter gradient
-# `filter_gradient_as_matmul` computes from patches. On a 2-core AVX2 CPU,
+# `filter_gradient_as_matmul` computes from patches. On 2-core AVX2 CPUs,
 # ms for oneDNN's kernel / the patches and a matmul (batch 2, 3x3; `python
-# benchmarks/kernel_choices.py --only filter_gradient`): 161x161, 32 to 64
-# channels 74.5 / 45.3, 64 to 64 160 / 81, 64 to 128 331 / 109; 81x81x64
-# 26.1 / 20.6; 41x41x128 20.2 / 18.5 and 21x21x256 17.1 / 15.9 (in another
-# run 26 / 23 and 24 / 25: too close to choose).
-MIN_PATCH_GRADIENT_PIXELS = 81 * 81
+# benchmarks/kernel_choices.py --only filter_gradient`, three runs on two
+# machines): 161x161, 32 to 64 channels 74.5 / 45.3, 40.6 / 28.7, 29.2 /
+# 26.0; 64 to 128 331 / 109, 115 / 75.5, 122 / 75.1; but 129x129x64 29.5 /
+# 33.4 and 35.2 / 33.4, 81x81x64 26.1 / 20.6, 12.7 / 13.8, 9.8 / 13.5 and
+# 11.0 / 13.6, and smaller inputs slower from patches in most runs. So the
+# stems of crop 321 and larger (161x161 and up) take the patches form.
+MIN_PATCH_GRADIENT_PIXELS = 161 * 161
 
 
 def conv2d_filter_gradient_by_patches(x, w, padding):
