@@ -56,6 +56,25 @@ def test_patches_form_equals_conv2d(monkeypatch, name):
   model_testing.assert_same_output_and_gradients(plain, patched)
 
 
+@pytest.mark.parametrize('rows_per_band', [1, 4])
+@pytest.mark.parametrize(
+    'name', sorted(name for name, case in CASES.items() if case[-1]))
+def test_patches_in_bands_equal_conv2d(monkeypatch, name, rows_per_band):
+  kernel, padding, stride, rate, shape, _ = CASES[name]
+  monkeypatch.setattr(layers, 'MIN_PATCH_GRADIENT_PIXELS', 13 * 11)
+  args = (kernel, padding, stride, rate, shape)
+  plain, _ = _output_and_gradients(False, *args)
+  batch, rows, cols, channels = plain[0].shape[0], plain[0].shape[1], \
+      plain[0].shape[2], shape[3]
+  kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
+  monkeypatch.setattr(layers, 'MAX_PATCH_FLOATS',
+                      rows_per_band * batch * cols * kh * kw * channels)
+  patched, patch_ops = _output_and_gradients(True, *args)
+  # 13 or 11 output rows: with 4 rows a band, the last band is shorter.
+  assert len(patch_ops) == -(-rows // rows_per_band)
+  model_testing.assert_same_output_and_gradients(plain, patched)
+
+
 @pytest.mark.parametrize('onednn', [True, False])
 def test_towers_use_the_patches_form_where_onednn_runs(monkeypatch, onednn):
   monkeypatch.setattr(session_config, 'onednn_kernels_on', lambda: onednn)

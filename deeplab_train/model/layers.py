@@ -378,6 +378,14 @@ def conv2d(x, num_outputs, kernel_size, params: ConvParams, scope,
 MIN_PATCH_GRADIENT_PIXELS = 161 * 161
 
 
+# The patches of a 161x161 input are large (2x161x161x576 floats, 119 MB,
+# for a resnet "beta" stem's conv1_3): formed at once they raised the peak
+# RSS of a resnet_v1_50_beta training process by 0.1-0.35 GB. So they are
+# formed in bands of output rows of at most this many floats (32 MB), one
+# band after the other.
+MAX_PATCH_FLOATS = 8 * 1024 * 1024
+
+
 def conv2d_filter_gradient_by_patches(x, w, padding):
   """tf.nn.conv2d with stride 1 whose filter gradient is a matmul of the
   output gradient with x's patches (`filter_gradient_as_matmul`)."""
@@ -386,19 +394,46 @@ def conv2d_filter_gradient_by_patches(x, w, padding):
   @tf.custom_gradient
   def conv(x, w):
     def grad(dy):
-      kh, kw, channels, num_outputs = w.shape.as_list()
       dx = tf.nn.conv2d_backprop_input(tf.shape(x), w, dy, strides, padding)
-      patches = tf.image.extract_patches(
-          x, [1, kh, kw, 1], strides, [1, 1, 1, 1], padding)
-      # dy^T patches, transposed: a little faster than patches^T dy for
-      # xception_65's conv1_2 (48 against 53 ms).
-      dw = tf.matmul(tf.reshape(dy, [-1, num_outputs]),
-                     tf.reshape(patches, [-1, kh * kw * channels]),
-                     transpose_a=True)
-      return dx, tf.reshape(tf.transpose(dw), w.shape)
+      return dx, _filter_gradient_by_patches(x, dy, w.shape, padding)
     return tf.nn.conv2d(x, w, strides, padding), grad
 
   return conv(x, w)
+
+
+def _filter_gradient_by_patches(x, dy, w_shape, padding):
+  """The filter gradient of a stride-1 convolution: the sum over output
+  pixels of dy times the input's patch there, over bands of output rows of
+  at most MAX_PATCH_FLOATS patch values, formed one after the other."""
+  kh, kw, channels, num_outputs = w_shape.as_list()
+  if padding == 'SAME':
+    top, left = (kh - 1) // 2, (kw - 1) // 2
+    x = tf.pad(x, [[0, 0], [top, kh - 1 - top], [left, kw - 1 - left],
+                   [0, 0]])
+  patch_size = kh * kw * channels
+  batch, rows, cols = dy.shape.as_list()[:3]
+  bands = [None]  # None: all rows (also where the size is not known)
+  if None not in (batch, rows, cols):
+    band = max(1, MAX_PATCH_FLOATS // (batch * cols * patch_size))
+    if band < rows:
+      bands = [(start, start + band) for start in range(0, rows, band)]
+  dw = None
+  for rows_of_band in bands:
+    # A band's patches are formed after the previous band's product.
+    with tf.control_dependencies([dw] if dw is not None else []):
+      x_band, dy_band = x, dy
+      if rows_of_band is not None:
+        start, stop = rows_of_band
+        x_band, dy_band = x[:, start:stop + kh - 1], dy[:, start:stop]
+      patches = tf.image.extract_patches(
+          x_band, [1, kh, kw, 1], [1, 1, 1, 1], [1, 1, 1, 1], 'VALID')
+    # dy^T patches, transposed: a little faster than patches^T dy for
+    # xception_65's conv1_2 (48 against 53 ms).
+    product = tf.matmul(tf.reshape(dy_band, [-1, num_outputs]),
+                        tf.reshape(patches, [-1, patch_size]),
+                        transpose_a=True)
+    dw = product if dw is None else dw + product
+  return tf.reshape(tf.transpose(dw), w_shape)
 
 
 def _pointwise(x, w):
