@@ -380,7 +380,7 @@ MIN_PATCH_GRADIENT_PIXELS = 161 * 161
 
 # The patches of a 161x161 input are large (2x161x161x576 floats, 119 MB,
 # for a resnet "beta" stem's conv1_3): formed at once they raised the peak
-# RSS of a resnet_v1_50_beta training process by 0.1-0.35 GB. So they are
+# RSS of a resnet_v1_50_beta training process by 0.1-0.4 GB. So they are
 # formed in bands of output rows of at most this many floats (32 MB), one
 # band after the other.
 MAX_PATCH_FLOATS = 8 * 1024 * 1024
