@@ -64,11 +64,10 @@ def test_patches_in_bands_equal_conv2d(monkeypatch, name, rows_per_band):
   monkeypatch.setattr(layers, 'MIN_PATCH_GRADIENT_PIXELS', 13 * 11)
   args = (kernel, padding, stride, rate, shape)
   plain, _ = _output_and_gradients(False, *args)
-  batch, rows, cols, channels = plain[0].shape[0], plain[0].shape[1], \
-      plain[0].shape[2], shape[3]
+  batch, rows, cols = plain[0].shape[:3]
   kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
   monkeypatch.setattr(layers, 'MAX_PATCH_FLOATS',
-                      rows_per_band * batch * cols * kh * kw * channels)
+                      rows_per_band * batch * cols * kh * kw * shape[3])
   patched, patch_ops = _output_and_gradients(True, *args)
   # 13 or 11 output rows: with 4 rows a band, the last band is shorter.
   assert len(patch_ops) == -(-rows // rows_per_band)

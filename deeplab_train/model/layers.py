@@ -246,7 +246,7 @@ def dilated_depthwise_in_one_op(enabled=True):
 
 @contextlib.contextmanager
 def filter_gradient_as_matmul(enabled=True):
-  """Context in which a large stride-1 convolution's filter gradient is one
+  """Context in which a large stride-1 convolution's filter gradient is a
   matmul over the input's patches.
 
   oneDNN's filter-gradient kernel is slow on an AVX2 CPU for stride-1
@@ -254,10 +254,10 @@ def filter_gradient_as_matmul(enabled=True):
   of xception_65 (entry_flow/conv1_2) and of the resnet "beta" variants.
   So, for a float32 convolution with stride 1, rate 1, a kernel larger
   than 1x1 and at least MIN_PATCH_GRADIENT_PIXELS pixels per input image,
-  the filter gradient is one matmul of the output gradient with the
-  kh*kw*C patches of the input (tf.image.extract_patches, in the weights'
-  order); the forward op and the input gradient stay oneDNN's
-  (conv2d_filter_gradient_by_patches).
+  the filter gradient is a matmul of the output gradient with the kh*kw*C
+  patches of the input (tf.image.extract_patches, in the weights' order),
+  summed over bands of output rows (MAX_PATCH_FLOATS); the forward op and
+  the input gradient stay oneDNN's (conv2d_filter_gradient_by_patches).
 
   Only for ops on a CPU with oneDNN's kernels (towers.runs_on_onednn_cpu),
   entered by the training towers as dilated_depthwise_in_one_op is.
