@@ -2,6 +2,7 @@
 (layers.filter_gradient_as_matmul): the same output and gradients as
 tf.nn.conv2d, only for the convolutions it covers, and in the training
 towers only where oneDNN's CPU kernels run."""
+import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
@@ -65,9 +66,9 @@ def test_patches_in_bands_equal_conv2d(monkeypatch, name, rows_per_band):
   args = (kernel, padding, stride, rate, shape)
   plain, _ = _output_and_gradients(False, *args)
   batch, rows, cols = plain[0].shape[:3]
-  kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
+  patch_size = np.prod(plain[2].shape[:3])  # kh * kw * input channels
   monkeypatch.setattr(layers, 'MAX_PATCH_FLOATS',
-                      rows_per_band * batch * cols * kh * kw * shape[3])
+                      rows_per_band * batch * cols * patch_size)
   patched, patch_ops = _output_and_gradients(True, *args)
   # 13 or 11 output rows: with 4 rows a band, the last band is shorter.
   assert len(patch_ops) == -(-rows // rows_per_band)
