@@ -2,7 +2,8 @@
 """Alternative ways to compute a few of a training step's ops, timed alone.
 
     python benchmarks/kernel_choices.py [--only matmul,reduce,atrous,
-                                               filter_gradient]
+                                               filter_gradient,
+                                               depthwise_filter_gradient]
                                         [--repeats 15] [--threads 2]
 
 Measures, on this machine and with the settings of the deeplab-* commands
@@ -30,7 +31,14 @@ weighs before changing how the model builds an op:
   layers.MIN_PATCH_GRADIENT_PIXELS pixels), for the stem convolutions of
   xception_65 and the resnet "beta" variants and for resnet's 3x3
   convolutions (batch 2, crop 321; resnet's block1 at crop 513 too), with
-  the largest relative difference.
+  the largest relative difference;
+- depthwise_filter_gradient: the filter gradient of a 3x3 depthwise
+  convolution (stride 1, SAME, dilated or not) as TensorFlow builds it
+  (the undilated kernel, after space-to-batch where dilated) and as one
+  depthwise convolution of the padded input with the output gradient as
+  its kernel (depthwise_filter_gradient_by_conv), for the shapes of
+  xception_65 OS16 (ASPP, exit flow, middle flow, entry flow, decoder) and
+  mobilenet_v2 OS8, with the largest relative difference.
 
 Each figure is the best of three medians of --repeats runs of one op in
 its own graph, after warm-up; the inputs are variables, so that grappler
@@ -71,6 +79,13 @@ ATROUS_CASES = (((2, 21, 21, 2048), 6), ((2, 21, 21, 2048), 12),
                 ((2, 21, 21, 2048), 18), ((2, 21, 21, 1536), 2),
                 ((4, 41, 41, 384), 2), ((4, 41, 41, 576), 2),
                 ((4, 41, 41, 960), 4), ((4, 41, 41, 384), 6))
+# (NHWC shape, rate) of 3x3 depthwise convolutions whose filter gradient
+# is timed.
+DEPTHWISE_FILTER_CASES = (
+    ((2, 21, 21, 2048), 6), ((2, 21, 21, 2048), 12), ((2, 21, 21, 2048), 18),
+    ((2, 21, 21, 1536), 2), ((2, 21, 21, 728), 1), ((2, 161, 161, 128), 1),
+    ((2, 81, 81, 304), 1), ((4, 161, 161, 96), 1), ((4, 41, 41, 576), 2),
+    ((4, 41, 41, 960), 4))
 # (NHWC input, kernel, output channels, stride, padding) of convolutions.
 FILTER_GRADIENT_CASES = (
     ((2, 161, 161, 32), 3, 64, 1, 'SAME'),    # xception_65 entry conv1_2
@@ -234,8 +249,54 @@ def bench_filter_gradient(config, repeats):
         if differences else ''))
 
 
+def depthwise_filter_gradient_by_conv(x, dy, kernel, rate):
+  """The filter gradient [kernel, kernel, C, 1] of a stride-1 'SAME'
+  depthwise convolution of x (odd kernel, dilation `rate`) with output
+  gradient dy, as one depthwise convolution: the padded input with its
+  batch moved beside the channels (N*C channels of one image) is convolved
+  with dy as the kernel, stride `rate`, giving kernel x kernel outputs per
+  (image, channel), then summed over the images."""
+  batch, height, width, channels = x.shape.as_list()
+  pad = rate * (kernel - 1) // 2
+  padded = tf.pad(x, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
+  image = tf.reshape(tf.transpose(padded, [1, 2, 0, 3]),
+                     [1, height + 2 * pad, width + 2 * pad, batch * channels])
+  taps = tf.reshape(tf.transpose(dy, [1, 2, 0, 3]),
+                    [height, width, batch * channels, 1])
+  products = tf.nn.depthwise_conv2d_native(image, taps, [1, rate, rate, 1],
+                                           'VALID')
+  return tf.reduce_sum(
+      tf.reshape(products, [kernel, kernel, batch, channels]), axis=2)[
+          :, :, :, tf.newaxis]
+
+
+def bench_depthwise_filter_gradient(config, repeats):
+  print('filter gradient of a 3x3 depthwise convolution, ms (input, rate):')
+  for shape, rate in DEPTHWISE_FILTER_CASES:
+    with tf.Graph().as_default():
+      x = _variable(shape, 0)
+      w = _variable((3, 3, shape[3], 1), 1)
+      upstream = _variable(shape, 2)
+      y = tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], 'SAME',
+                                 dilations=[rate, rate])
+      forms = {'TensorFlow': tf.gradients(y, w, upstream)[0],
+               'as a convolution': depthwise_filter_gradient_by_conv(
+                   x, upstream, 3, rate)}
+      seconds = time_ops({name: _scalar(g) for name, g in forms.items()},
+                         config, repeats)
+      with tf.Session(config=config) as sess:
+        sess.run(tf.global_variables_initializer())
+        values = sess.run(forms)
+    print('  %-18s rate %-2d %s  (largest relative difference: %.1e)' % (
+        shape, rate, '  '.join('%s %6.2f' % (name, s * 1e3)
+                               for name, s in seconds.items()),
+        _relative_difference(values['TensorFlow'],
+                             values['as a convolution'])))
+
+
 BENCHES = {'matmul': bench_matmul, 'reduce': bench_reduce,
-           'atrous': bench_atrous, 'filter_gradient': bench_filter_gradient}
+           'atrous': bench_atrous, 'filter_gradient': bench_filter_gradient,
+           'depthwise_filter_gradient': bench_depthwise_filter_gradient}
 
 
 def main():
