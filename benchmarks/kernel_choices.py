@@ -104,6 +104,12 @@ def _variable(shape, seed):
   return tf.Variable(rng.standard_normal(shape).astype(np.float32))
 
 
+def _depthwise_inputs(shape):
+  """Input, 3x3 depthwise weights and output gradient for an NHWC shape."""
+  return (_variable(shape, 0), _variable((3, 3, shape[3], 1), 1),
+          _variable(shape, 2))
+
+
 def _scalar(t):
   """A scalar that needs all of `t` computed, fetched instead of `t`."""
   return tf.reduce_sum(t[tuple(slice(0, 1) for _ in t.shape)])
@@ -190,9 +196,7 @@ def bench_atrous(config, repeats):
   print('dilated 3x3 depthwise convolution, forward and both gradients, ms:')
   for shape, rate in ATROUS_CASES:
     with tf.Graph().as_default():
-      x = _variable(shape, 0)
-      w = _variable((3, 3, shape[3], 1), 1)
-      upstream = _variable(shape, 2)
+      x, w, upstream = _depthwise_inputs(shape)
       forms = {
           'space-to-batch': tf.nn.depthwise_conv2d(
               x, w, [1, 1, 1, 1], 'SAME', dilations=[rate, rate]),
@@ -274,9 +278,7 @@ def bench_depthwise_filter_gradient(config, repeats):
   print('filter gradient of a 3x3 depthwise convolution, ms (input, rate):')
   for shape, rate in DEPTHWISE_FILTER_CASES:
     with tf.Graph().as_default():
-      x = _variable(shape, 0)
-      w = _variable((3, 3, shape[3], 1), 1)
-      upstream = _variable(shape, 2)
+      x, w, upstream = _depthwise_inputs(shape)
       y = tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], 'SAME',
                                  dilations=[rate, rate])
       forms = {'TensorFlow': tf.gradients(y, w, upstream)[0],
