@@ -122,6 +122,12 @@ def _relative_difference(reference, value):
 
 def time_ops(named_ops, config, repeats):
   """{name: seconds} for ops of the default graph, alternated."""
+  return time_and_fetch(named_ops, [], config, repeats)[0]
+
+
+def time_and_fetch(named_ops, fetches, config, repeats):
+  """({name: seconds} of `named_ops` as time_ops, the values of `fetches`
+  after the timing), from one session."""
   best = {}
   with tf.Session(config=config) as sess:
     sess.run(tf.global_variables_initializer())
@@ -135,7 +141,7 @@ def time_ops(named_ops, config, repeats):
           times.append(time.perf_counter() - start)
         median = sorted(times)[len(times) // 2]
         best[name] = min(best.get(name, median), median)
-  return best
+    return best, sess.run(fetches)
 
 
 def bench_matmul(config, repeats):
@@ -207,10 +213,7 @@ def bench_atrous(config, repeats):
       for name, y in forms.items():
         results[name] = [y] + tf.gradients(y, [x, w], grad_ys=upstream)
         ops[name] = tf.add_n([_scalar(t) for t in results[name]])
-      seconds = time_ops(ops, config, repeats)
-      with tf.Session(config=config) as sess:
-        sess.run(tf.global_variables_initializer())
-        values = sess.run(results)
+      seconds, values = time_and_fetch(ops, results, config, repeats)
     reference = values.pop('space-to-batch')
     differences = {
         name: max(_relative_difference(p, q)
@@ -237,11 +240,9 @@ def bench_filter_gradient(config, repeats):
         forms['patches'] = tf.gradients(
             layers.conv2d_filter_gradient_by_patches(x, w, padding), w,
             upstream)[0]
-      seconds = time_ops({name: _scalar(g) for name, g in forms.items()},
-                         config, repeats)
-      with tf.Session(config=config) as sess:
-        sess.run(tf.global_variables_initializer())
-        values = sess.run(forms)
+      seconds, values = time_and_fetch(
+          {name: _scalar(g) for name, g in forms.items()}, forms, config,
+          repeats)
     reference = values.pop('oneDNN')
     differences = ', '.join(
         '%s %.1e' % (name, _relative_difference(reference, v))
@@ -284,11 +285,9 @@ def bench_depthwise_filter_gradient(config, repeats):
       forms = {'TensorFlow': tf.gradients(y, w, upstream)[0],
                'as a convolution': depthwise_filter_gradient_by_conv(
                    x, upstream, 3, rate)}
-      seconds = time_ops({name: _scalar(g) for name, g in forms.items()},
-                         config, repeats)
-      with tf.Session(config=config) as sess:
-        sess.run(tf.global_variables_initializer())
-        values = sess.run(forms)
+      seconds, values = time_and_fetch(
+          {name: _scalar(g) for name, g in forms.items()}, forms, config,
+          repeats)
     print('  %-18s rate %-2d %s  (largest relative difference: %.1e)' % (
         shape, rate, '  '.join('%s %6.2f' % (name, s * 1e3)
                                for name, s in seconds.items()),
