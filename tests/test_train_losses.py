@@ -1,10 +1,12 @@
 """The training loss against numpy: ignore pixels, label weights, upsampled
-logits or downsampled labels, top-k pixel mining and its schedule; and the
-gradient multipliers."""
+logits or downsampled labels, top-k pixel mining and its schedule; the
+per-image form of CPU towers; and the gradient multipliers."""
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
+from deeplab_train import config
+from deeplab_train.train import graph as graph_lib
 from deeplab_train.train import losses
 from deeplab_train.train import scopes
 
@@ -160,3 +162,56 @@ def test_gradient_multipliers_follow_the_original():
   assert mult == {'aspp0/weights': 10.0, 'aspp1_depthwise/depthwise_weights':
                   10.0, 'logits/semantic/weights': 10.0,
                   'logits/semantic/biases': 20.0, 'other/biases': 2.0}
+
+
+@pytest.mark.parametrize('kwargs', [
+    dict(upsample_logits=True),
+    dict(upsample_logits=False, label_weights=[0.5, 2.0, 1.0, 3.0]),
+    dict(upsample_logits=True, top_k_percent_pixels=0.4),
+])
+def test_per_image_ops_give_the_one_op_loss_and_gradient(kwargs):
+  rng = np.random.RandomState(3)
+  logits = rng.normal(0, 2, (3, 5, 5, 4)).astype(np.float32)
+  labels = rng.randint(0, 4, (3, 9, 9, 1)).astype(np.int32)
+  labels[1, :3, :4] = IGNORE
+
+  def run(split):
+    with tf.Graph().as_default() as graph:
+      x = tf.constant(logits)
+      with losses.per_image(split):
+        loss = losses.pixel_loss(x, tf.constant(labels), 4, IGNORE, **kwargs)
+      xents = [op for op in graph.get_operations()
+               if op.type == 'SparseSoftmaxCrossEntropyWithLogits']
+      with tf.Session() as sess:
+        return sess.run((loss, tf.gradients(loss, x)[0])) + (len(xents),)
+
+  one_loss, one_grad, one_ops = run(False)
+  split_loss, split_grad, split_ops = run(True)
+  assert (one_ops, split_ops) == (1, 3)
+  np.testing.assert_allclose(split_loss, one_loss, rtol=1e-6)
+  np.testing.assert_allclose(split_grad, one_grad, rtol=1e-6, atol=1e-9)
+  assert np.abs(one_grad).max() > 0
+
+
+def test_cpu_training_towers_score_each_image_in_ops_of_its_own():
+  """A training graph on a CPU: one softmax loss op per image of the
+  tower's batch, and a step runs."""
+  model = config.ModelOptions(
+      num_classes=3, model_variant='mobilenet_v2', crop_size=(33, 33),
+      output_stride=16, depth_multiplier=0.25).validate()
+  train = config.TrainOptions(
+      train_batch_size=2, training_number_of_steps=10,
+      clone_on_cpu=True).validate()
+
+  def input_fn():
+    return {'image': tf.zeros([2, 33, 33, 3]),
+            'label': tf.ones([2, 33, 33, 1], tf.int32)}
+  built = graph_lib.build_training_graph(model, train, ignore_label=IGNORE,
+                                         input_fn=input_fn)
+  xents = [op.name for op in built.graph.get_operations()
+           if op.type == 'SparseSoftmaxCrossEntropyWithLogits']
+  assert len(xents) == 2, xents
+  with built.graph.as_default(), tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    _, loss = sess.run([built.train_op, built.total_loss])
+  assert np.isfinite(loss)

@@ -13,7 +13,33 @@ Because each tower normalises by its own pixel count, the average of the
 tower losses equals the loss of the whole batch exactly when every tower has
 the same number of non-ignored pixels (e.g. no ignore pixels).
 """
+import contextlib
+import threading
+
 import tensorflow.compat.v1 as tf
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def per_image(enabled=True):
+  """Context in which `pixel_loss` resizes and scores each image of the
+  batch in ops of its own.
+
+  TensorFlow's CPU kernels for the bilinear resize of the logits, its
+  gradient and the sparse softmax cross-entropy run on one thread, at the
+  end of the forward pass and the start of the backward pass where no
+  other op is ready: per image, the inter-op threads run them side by side.
+  Each pixel's loss and gradient are computed as in the one-op form. Used
+  by the training towers placed on a CPU; with an unknown or single-image
+  batch the loss keeps one op.
+  """
+  before = getattr(_state, 'per_image', False)
+  _state.per_image = enabled
+  try:
+    yield
+  finally:
+    _state.per_image = before
 
 
 def label_weight_mask(labels, ignore_label, num_classes, label_weights=None):
@@ -100,14 +126,22 @@ def pixel_loss(logits, labels, num_classes, ignore_label, label_weights=None,
   """
   with tf.name_scope(name, 'pixel_loss', [logits, labels]):
     logits = tf.cast(logits, tf.float32)
-    if upsample_logits:
-      logits = tf.image.resize_bilinear(logits, tf.shape(labels)[1:3],
-                                        align_corners=True)
-    else:
-      labels = tf.image.resize_nearest_neighbor(labels, tf.shape(logits)[1:3],
-                                                align_corners=True)
-    labels = tf.reshape(labels, [-1])
-    logits = tf.reshape(logits, [-1, num_classes])
+    images = tf.compat.dimension_value(logits.shape[0])
+    if not (getattr(_state, 'per_image', False) and images and images > 1):
+      images = 1
+    pairs = list(zip(tf.split(logits, images), tf.split(labels, images))) \
+        if images > 1 else [(logits, labels)]
+    flat_logits, flat_labels = [], []
+    for part_logits, part_labels in pairs:
+      if upsample_logits:
+        part_logits = tf.image.resize_bilinear(
+            part_logits, tf.shape(part_labels)[1:3], align_corners=True)
+      else:
+        part_labels = tf.image.resize_nearest_neighbor(
+            part_labels, tf.shape(part_logits)[1:3], align_corners=True)
+      flat_logits.append(tf.reshape(part_logits, [-1, num_classes]))
+      flat_labels.append(tf.reshape(part_labels, [-1]))
+    labels = flat_labels[0] if images == 1 else tf.concat(flat_labels, 0)
     weights = label_weight_mask(labels, ignore_label, num_classes,
                                 label_weights)
     # The sparse loss equals the original's one-hot softmax cross-entropy
@@ -118,8 +152,18 @@ def pixel_loss(logits, labels, num_classes, ignore_label, label_weights=None,
     in_range = tf.logical_and(labels >= 0, labels < num_classes)
     classes = tf.where(in_range, labels, tf.zeros_like(labels))
     weights *= tf.cast(in_range, tf.float32)
-    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=classes, logits=logits, name='pixel_losses') * weights
+    if images == 1:
+      losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels=classes, logits=flat_logits[0], name='pixel_losses')
+    else:
+      # Every image has the same number of pixels.
+      losses = tf.concat([
+          tf.nn.sparse_softmax_cross_entropy_with_logits(
+              labels=part_classes, logits=part_logits,
+              name='pixel_losses_%d' % k)
+          for k, (part_classes, part_logits) in enumerate(
+              zip(tf.split(classes, images), flat_logits))], 0)
+    losses *= weights
     if top_k_percent_pixels == 1.0:
       count = tf.reduce_sum(tf.cast(tf.not_equal(labels, ignore_label),
                                     tf.float32))

@@ -15,6 +15,7 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train.model import layers
 from deeplab_train.runtime import session_config
+from deeplab_train.train import losses as losses_lib
 
 # Op types that hold variable state; these go to the variables device.
 _VARIABLE_OP_TYPES = frozenset(
@@ -88,14 +89,19 @@ class Tower:
   update_ops: List[tf.Operation]
 
 
+def runs_on_cpu(device):
+  """Whether ops placed on `device` run on this process's CPU: a CPU
+  device, or any device where TensorFlow sees no GPU (soft placement moves
+  '/gpu:0' to the CPU). A cluster worker builds the graph for its own
+  devices, so this process's view holds."""
+  return (tf.DeviceSpec.from_string(device).device_type == 'CPU'
+          or not session_config.gpus_visible())
+
+
 def runs_on_onednn_cpu(device):
   """Whether ops placed on `device` run on this process's CPU with oneDNN's
-  kernels: a CPU device, or any device where TensorFlow sees no GPU (soft
-  placement moves '/gpu:0' to the CPU), and oneDNN on. A cluster worker
-  builds the graph for its own devices, so this process's view holds."""
-  on_cpu = (tf.DeviceSpec.from_string(device).device_type == 'CPU'
-            or not session_config.gpus_visible())
-  return on_cpu and session_config.onednn_kernels_on()
+  kernels (`runs_on_cpu`, and oneDNN on)."""
+  return runs_on_cpu(device) and session_config.onednn_kernels_on()
 
 
 def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
@@ -109,7 +115,8 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
     variables_device: where variables live (string or device function).
     onednn_forms: towers whose device runs oneDNN's CPU kernels build the
       forms that are faster there (layers.dilated_depthwise_in_one_op,
-      layers.filter_gradient_as_matmul); False: none does.
+      layers.filter_gradient_as_matmul); False: none does. Towers on a CPU
+      score each image in ops of its own (losses_lib.per_image) either way.
 
   Returns:
     A list of `Tower`.
@@ -123,6 +130,7 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
         with tf.device(device_chooser(device, variables_device)):
           on_onednn = onednn_forms and runs_on_onednn_cpu(device)
           with layers.recording() as rec, \
+              losses_lib.per_image(runs_on_cpu(device)), \
               layers.folding_frozen_batch_norm(), \
               layers.dilated_depthwise_in_one_op(on_onednn), \
               layers.filter_gradient_as_matmul(on_onednn):
