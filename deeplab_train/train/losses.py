@@ -129,10 +129,15 @@ def pixel_loss(logits, labels, num_classes, ignore_label, label_weights=None,
     images = tf.compat.dimension_value(logits.shape[0])
     if not (getattr(_state, 'per_image', False) and images and images > 1):
       images = 1
-    pairs = list(zip(tf.split(logits, images), tf.split(labels, images))) \
-        if images > 1 else [(logits, labels)]
+
+    def split(tensor):
+      return tf.split(tensor, images) if images > 1 else [tensor]
+
+    def join(parts):
+      return parts[0] if images == 1 else tf.concat(parts, 0)
+
     flat_logits, flat_labels = [], []
-    for part_logits, part_labels in pairs:
+    for part_logits, part_labels in zip(split(logits), split(labels)):
       if upsample_logits:
         part_logits = tf.image.resize_bilinear(
             part_logits, tf.shape(part_labels)[1:3], align_corners=True)
@@ -141,7 +146,7 @@ def pixel_loss(logits, labels, num_classes, ignore_label, label_weights=None,
             part_labels, tf.shape(part_logits)[1:3], align_corners=True)
       flat_logits.append(tf.reshape(part_logits, [-1, num_classes]))
       flat_labels.append(tf.reshape(part_labels, [-1]))
-    labels = flat_labels[0] if images == 1 else tf.concat(flat_labels, 0)
+    labels = join(flat_labels)
     weights = label_weight_mask(labels, ignore_label, num_classes,
                                 label_weights)
     # The sparse loss equals the original's one-hot softmax cross-entropy
@@ -152,17 +157,13 @@ def pixel_loss(logits, labels, num_classes, ignore_label, label_weights=None,
     in_range = tf.logical_and(labels >= 0, labels < num_classes)
     classes = tf.where(in_range, labels, tf.zeros_like(labels))
     weights *= tf.cast(in_range, tf.float32)
-    if images == 1:
-      losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
-          labels=classes, logits=flat_logits[0], name='pixel_losses')
-    else:
-      # Every image has the same number of pixels.
-      losses = tf.concat([
-          tf.nn.sparse_softmax_cross_entropy_with_logits(
-              labels=part_classes, logits=part_logits,
-              name='pixel_losses_%d' % k)
-          for k, (part_classes, part_logits) in enumerate(
-              zip(tf.split(classes, images), flat_logits))], 0)
+    # split(classes) cuts equal parts: every image has as many pixels.
+    losses = join([
+        tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=part_classes, logits=part_logits,
+            name='pixel_losses' if images == 1 else 'pixel_losses_%d' % k)
+        for k, (part_classes, part_logits) in enumerate(
+            zip(split(classes), flat_logits))])
     losses *= weights
     if top_k_percent_pixels == 1.0:
       count = tf.reduce_sum(tf.cast(tf.not_equal(labels, ignore_label),
