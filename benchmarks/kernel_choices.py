@@ -20,8 +20,10 @@ weighs before changing how the model builds an op:
 - atrous: a dilated 3x3 depthwise convolution with its two gradients, as
   TensorFlow builds it (space-to-batch around the depthwise op), as one
   dilated op (layers.dilated_depthwise_one_op, what the training towers
-  use on a oneDNN CPU for rates up to layers.MAX_ONE_OP_RATE) and as a sum
-  of nine shifted products, for ASPP (rates 6/12/18 on 21x21x2048),
+  use on a oneDNN CPU for rates up to layers.MAX_ONE_OP_RATE), as a sum
+  of nine shifted products, and band by band (layers.
+  dilated_depthwise_by_bands, what CPU towers use where twice the rate is
+  at least the input's size), for ASPP (rates 6/12/18 on 21x21x2048),
   xception_65's exit flow at OS16 and mobilenet_v2 OS8 shapes. Prints the
   largest relative difference of each form from space-to-batch too;
 - filter_gradient: the filter gradient of a convolution as oneDNN's
@@ -206,7 +208,8 @@ def bench_atrous(config, repeats):
       forms = {
           'space-to-batch': tf.nn.depthwise_conv2d(
               x, w, [1, 1, 1, 1], 'SAME', dilations=[rate, rate]),
-          'nine taps': atrous_by_taps(x, w, rate)}
+          'nine taps': atrous_by_taps(x, w, rate),
+          'bands': layers.dilated_depthwise_by_bands(x, w, (rate, rate))}
       if session_config.onednn_kernels_on():  # only oneDNN's kernel dilates
         forms['one op'] = layers.dilated_depthwise_one_op(x, w, (rate, rate))
       results, ops = {}, {}

@@ -1,7 +1,8 @@
-"""A dilated depthwise convolution in one op (layers.dilated_depthwise_in_one_op):
-the same output and gradients as TensorFlow's space-to-batch form, only for
-the cases it covers, and in the training towers only where oneDNN's CPU
-kernels run it."""
+"""A dilated depthwise convolution in one op (layers.dilated_depthwise_in_one_op)
+or in bands (layers.dilated_depthwise_in_bands): the same output and
+gradients as TensorFlow's space-to-batch form, only for the cases each
+covers, and in the training towers only where they run (oneDNN's CPU
+kernels; a CPU)."""
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -106,3 +107,78 @@ def test_training_towers_run_the_one_op_form_where_onednn_runs():
     _, loss = sess.run([built.train_op, built.total_loss])
   assert np.isfinite(loss)
   assert not _dilated_ops(_mobilenet_os8_training_graph('bf16').graph)
+
+
+def _space_to_batch_ops(graph):
+  return [op for op in graph.get_operations()
+          if op.type in ('SpaceToBatchND', 'BatchToSpaceND')]
+
+
+# (kernel, rate, input shape, whether the banded form applies: twice each
+# rate above 1 at least the input's size in that dimension).
+BAND_CASES = {
+    '3x3 rate 7 on 13x11': (3, 7, (2, 13, 11, 4), True),
+    '3x3 rate 12 on 21x21': (3, 12, (1, 21, 21, 3), True),
+    '3x3 rate 18 on 21x21': (3, 18, (1, 21, 21, 3), True),
+    '3x3 rate 30 on 21x21 (centre tap only)': (3, 30, (1, 21, 21, 3), True),
+    '5x5 rate 7 on 13x11': (5, 7, (2, 13, 11, 4), True),
+    '5x5 rate 6 on 13x11 (rate too small)': (5, 6, (2, 13, 11, 4), False),
+    '3x3 rate 1x6 on 13x11': (3, (1, 6), (2, 13, 11, 4), True),
+    '3x3 rate 6 on 21x21 (rate too small)': (3, 6, (1, 21, 21, 3), False),
+    '3x3 rate 6x12 on 21x21 (height rate too small)': (
+        3, (6, 12), (1, 21, 21, 3), False),
+    '3x3 rate 1': (3, 1, (2, 13, 11, 4), False),
+}
+
+
+@pytest.mark.parametrize('name', sorted(BAND_CASES))
+def test_banded_form_equals_space_to_batch(name):
+  kernel, rate, shape, applies = BAND_CASES[name]
+
+  def output_and_gradients(banded):
+    def build(x):
+      with layers.dilated_depthwise_in_bands(banded):
+        return layers.depthwise_conv2d(x, kernel, PLAIN, 'dw', rate=rate,
+                                       use_bias=False)
+    return model_testing.layer_output_and_gradients(build, shape)
+
+  plain, plain_graph = output_and_gradients(False)
+  banded, banded_graph = output_and_gradients(True)
+  dilated = max(np.atleast_1d(rate)) > 1
+  assert bool(_space_to_batch_ops(plain_graph)) == dilated
+  assert bool(_space_to_batch_ops(banded_graph)) == (dilated and not applies)
+  model_testing.assert_same_output_and_gradients(plain, banded)
+
+
+@pytest.mark.parametrize('device,forms,banded', [
+    ('/cpu:0', True, True), ('/cpu:0', False, False),
+    ('/gpu:0', True, False)])
+def test_towers_build_the_banded_form_on_a_cpu(monkeypatch, device, forms,
+                                               banded):
+  """ASPP-like: rate 12 on a 13x13 input is banded in fp32 CPU towers only;
+  a step's gradient is the space-to-batch form's."""
+  monkeypatch.setattr(session_config, 'gpus_visible', lambda: True)
+  rng = np.random.RandomState(0)
+  x_value = rng.uniform(-1, 1, (2, 13, 13, 3)).astype(np.float32)
+
+  def tower_fn(_):
+    y = layers.depthwise_conv2d(tf.constant(x_value), 3, PLAIN, 'dw',
+                                rate=12, use_bias=False)
+    return tf.reduce_sum(tf.square(y)), {}, {}
+
+  with tf.Graph().as_default() as graph:
+    (tower,) = towers.build_towers(tower_fn, [device], onednn_forms=forms)
+    assert bool(_space_to_batch_ops(graph)) != banded
+    if device == '/cpu:0':
+      grad = tf.gradients(tower.data_loss, tf.trainable_variables())[0]
+      with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        got, weights = sess.run([grad, tf.trainable_variables()[0]])
+      x = tf.constant(x_value)
+      w = tf.constant(weights)
+      y = tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], 'SAME',
+                                 dilations=[12, 12])
+      want = tf.gradients(tf.reduce_sum(tf.square(y)), w)[0]
+      with tf.Session() as sess:
+        np.testing.assert_allclose(got, sess.run(want), rtol=1e-5,
+                                   atol=1e-5)

@@ -245,6 +245,18 @@ def dilated_depthwise_in_one_op(enabled=True):
 
 
 @contextlib.contextmanager
+def dilated_depthwise_in_bands(enabled=True):
+  """Context in which a dilated depthwise convolution whose taps other
+  than the centre reach only bands along the input's border runs as
+  dilated_depthwise_by_bands (see _bands_pay): plain TensorFlow ops, the
+  same values. Entered by the training towers on a CPU, where it was
+  measured: ASPP's three branches of an xception_65 step at crop 321.
+  """
+  with _setting('banded_dilation', enabled):
+    yield
+
+
+@contextlib.contextmanager
 def filter_gradient_as_matmul(enabled=True):
   """Context in which a large stride-1 convolution's filter gradient is a
   matmul over the input's patches.
@@ -470,10 +482,14 @@ def depthwise_conv2d(x, kernel_size, params: ConvParams, scope,
                  params, regularize=params.regularize_depthwise)
     w, offset = _fold_batch_norm(w, params, normalize, depthwise=True)
     rates = _pair(rate)
-    if (getattr(_state, 'one_op_dilation', False) and stride == 1
-        and padding == 'SAME' and kh % 2 and kw % 2 and depth_multiplier == 1
-        and x.dtype == tf.float32 and 1 < max(rates) <= MAX_ONE_OP_RATE):
+    one_op_shape = (stride == 1 and padding == 'SAME' and kh % 2 and kw % 2
+                    and depth_multiplier == 1 and x.dtype == tf.float32)
+    if (getattr(_state, 'one_op_dilation', False) and one_op_shape
+        and 1 < max(rates) <= MAX_ONE_OP_RATE):
       y = dilated_depthwise_one_op(x, w, rates)
+    elif (getattr(_state, 'banded_dilation', False) and one_op_shape
+          and _bands_pay(x.shape, rates)):
+      y = dilated_depthwise_by_bands(x, w, rates)
     else:
       y = tf.nn.depthwise_conv2d(
           x, _compute_dtype(x, w), strides=[1, stride, stride, 1],
@@ -511,6 +527,96 @@ def dilated_depthwise_one_op(x, w, rates):
         x, w, strides, 'SAME', dilations=dilations), grad
 
   return conv(x, w)
+
+
+def _bands_pay(shape, rates):
+  """Whether dilated_depthwise_by_bands is used for an NHWC input `shape`
+  at `rates`: where every tap but the centre one reaches only a band along
+  the border (twice the rate at least the input's size in each dilated
+  dimension), which the space-to-batch form pays for with an input padded
+  up to twelve times larger (ASPP's rates 12 and 18 on a 21x21 input,
+  crop 321 at output stride 16; rate 18 at 33x33, crop 513).
+  """
+  height, width = shape[1], shape[2]
+  if height is None or width is None or max(rates) <= 1:
+    return False
+  return all(rate == 1 or 2 * rate >= size
+             for rate, size in zip(rates, (int(height), int(width))))
+
+
+def _tap_bands(size, kernel, rate):
+  """The output positions 0..size-1 of one dimension in bands
+  [(start, end, [(tap, offset), ...])]: within a band the same taps of a
+  'SAME' stride-1 kernel of `kernel` taps at `rate` read inside the input
+  (input position = output position + offset)."""
+  taps = _tap_windows(kernel, rate, size)
+  edges = sorted({0, size} | {e for t in taps for e in t[2:]})
+  return [(a, b, [(tap, offset) for tap, offset, start, end in taps
+                  if start <= a and b <= end])
+          for a, b in zip(edges, edges[1:])]
+
+
+def _banded_correlation(x, w, rows, cols):
+  """'SAME' stride-1 depthwise correlation of x with w [kh, kw, C, 1],
+  assembled band by band from products of shifted windows."""
+  out_rows = []
+  for r0, r1, row_taps in rows:
+    pieces = []
+    for c0, c1, col_taps in cols:
+      pieces.append(tf.add_n([
+          x[:, r0 + dh:r1 + dh, c0 + dw:c1 + dw, :] * w[th, tw, :, 0]
+          for th, dh in row_taps for tw, dw in col_taps]))
+    out_rows.append(pieces[0] if len(pieces) == 1
+                    else tf.concat(pieces, axis=2))
+  return out_rows[0] if len(out_rows) == 1 else tf.concat(out_rows, axis=1)
+
+
+def dilated_depthwise_by_bands(x, w, rates):
+  """A dilated depthwise convolution ('SAME', stride 1, odd kernel, depth
+  multiplier 1, known height and width) as products of shifted windows of
+  the input, band by band: where a tap falls outside the input for part of
+  the output, that part is computed without it, instead of on the zeros
+  the space-to-batch form pads the input with. The input gradient is the
+  same with the kernel flipped in space; the filter gradient of each tap
+  sums the products of the output gradient with the input window the tap
+  reads. Used by the training towers on a CPU (`banded_dilation`) where
+  `_bands_pay`; tests/test_dilated_depthwise.py compares it with
+  tf.nn.depthwise_conv2d.
+  """
+  kh, kw = int(w.shape[0]), int(w.shape[1])
+  height, width = int(x.shape[1]), int(x.shape[2])
+  rows = _tap_bands(height, kh, rates[0])
+  cols = _tap_bands(width, kw, rates[1])
+
+  @tf.custom_gradient
+  def conv(x, w):
+    def grad(dy):
+      dx = _banded_correlation(dy, tf.reverse(w, [0, 1]), rows, cols)
+      taps = {}
+      for th, dh, r0, r1 in _tap_windows(kh, rates[0], height):
+        for tw, dw, c0, c1 in _tap_windows(kw, rates[1], width):
+          taps[th, tw] = tf.reduce_sum(
+              dy[:, r0:r1, c0:c1, :]
+              * x[:, r0 + dh:r1 + dh, c0 + dw:c1 + dw, :], [0, 1, 2])
+      zero = tf.zeros_like(w[0, 0, :, 0])
+      dw_ = tf.stack([tf.stack([taps.get((i, j), zero) for j in range(kw)])
+                      for i in range(kh)])
+      return dx, tf.expand_dims(dw_, -1)
+    return _banded_correlation(x, w, rows, cols), grad
+
+  return conv(x, w)
+
+
+def _tap_windows(kernel, rate, size):
+  """(tap, offset, start, end) of each tap of one dimension that reads
+  inside the input for the outputs start..end-1."""
+  out = []
+  for tap in range(kernel):
+    offset = (tap - (kernel - 1) // 2) * rate
+    start, end = max(0, -offset), min(size, size - offset)
+    if start < end:
+      out.append((tap, offset, start, end))
+  return out
 
 
 # The original's hard sigmoid multiplies by this rounded 1/6.

@@ -115,8 +115,10 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
     variables_device: where variables live (string or device function).
     onednn_forms: towers whose device runs oneDNN's CPU kernels build the
       forms that are faster there (layers.dilated_depthwise_in_one_op,
-      layers.filter_gradient_as_matmul); False: none does. Towers on a CPU
-      score each image in ops of its own (losses_lib.per_image) either way.
+      layers.filter_gradient_as_matmul), towers on a CPU the banded
+      dilated depthwise convolutions (layers.dilated_depthwise_in_bands);
+      False: none does. Towers on a CPU score each image in ops of its own
+      (losses_lib.per_image) either way.
 
   Returns:
     A list of `Tower`.
@@ -133,6 +135,8 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
               losses_lib.per_image(runs_on_cpu(device)), \
               layers.folding_frozen_batch_norm(), \
               layers.dilated_depthwise_in_one_op(on_onednn), \
+              layers.dilated_depthwise_in_bands(
+                  onednn_forms and runs_on_cpu(device)), \
               layers.filter_gradient_as_matmul(on_onednn):
             data_loss, losses, outputs = tower_fn(i)
     towers.append(Tower(i, device, name_scope, data_loss, losses, outputs,
