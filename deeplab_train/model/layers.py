@@ -250,7 +250,8 @@ def dilated_depthwise_in_bands(enabled=True):
   than the centre reach only bands along the input's border runs as
   dilated_depthwise_by_bands (see _bands_pay): plain TensorFlow ops, the
   same values. Entered by the training towers on a CPU, where it was
-  measured: ASPP's three branches of an xception_65 step at crop 321.
+  measured: ASPP's rate-12 and rate-18 branches of an xception_65 step at
+  crop 321.
   """
   with _setting('banded_dilation', enabled):
     yield
@@ -482,12 +483,13 @@ def depthwise_conv2d(x, kernel_size, params: ConvParams, scope,
                  params, regularize=params.regularize_depthwise)
     w, offset = _fold_batch_norm(w, params, normalize, depthwise=True)
     rates = _pair(rate)
-    one_op_shape = (stride == 1 and padding == 'SAME' and kh % 2 and kw % 2
-                    and depth_multiplier == 1 and x.dtype == tf.float32)
-    if (getattr(_state, 'one_op_dilation', False) and one_op_shape
+    # The cases the one-op and banded forms cover.
+    same_odd_fp32 = (stride == 1 and padding == 'SAME' and kh % 2 and kw % 2
+                     and depth_multiplier == 1 and x.dtype == tf.float32)
+    if (getattr(_state, 'one_op_dilation', False) and same_odd_fp32
         and 1 < max(rates) <= MAX_ONE_OP_RATE):
       y = dilated_depthwise_one_op(x, w, rates)
-    elif (getattr(_state, 'banded_dilation', False) and one_op_shape
+    elif (getattr(_state, 'banded_dilation', False) and same_odd_fp32
           and _bands_pay(x.shape, rates)):
       y = dilated_depthwise_by_bands(x, w, rates)
     else:
@@ -564,8 +566,8 @@ def _banded_correlation(x, w, rows, cols):
     pieces = []
     for c0, c1, col_taps in cols:
       pieces.append(tf.add_n([
-          x[:, r0 + dh:r1 + dh, c0 + dw:c1 + dw, :] * w[th, tw, :, 0]
-          for th, dh in row_taps for tw, dw in col_taps]))
+          x[:, r0 + oh:r1 + oh, c0 + ow:c1 + ow, :] * w[th, tw, :, 0]
+          for th, oh in row_taps for tw, ow in col_taps]))
     out_rows.append(pieces[0] if len(pieces) == 1
                     else tf.concat(pieces, axis=2))
   return out_rows[0] if len(out_rows) == 1 else tf.concat(out_rows, axis=1)
@@ -593,15 +595,16 @@ def dilated_depthwise_by_bands(x, w, rates):
     def grad(dy):
       dx = _banded_correlation(dy, tf.reverse(w, [0, 1]), rows, cols)
       taps = {}
-      for th, dh, r0, r1 in _tap_windows(kh, rates[0], height):
-        for tw, dw, c0, c1 in _tap_windows(kw, rates[1], width):
+      for th, oh, r0, r1 in _tap_windows(kh, rates[0], height):
+        for tw, ow, c0, c1 in _tap_windows(kw, rates[1], width):
           taps[th, tw] = tf.reduce_sum(
               dy[:, r0:r1, c0:c1, :]
-              * x[:, r0 + dh:r1 + dh, c0 + dw:c1 + dw, :], [0, 1, 2])
-      zero = tf.zeros_like(w[0, 0, :, 0])
-      dw_ = tf.stack([tf.stack([taps.get((i, j), zero) for j in range(kw)])
-                      for i in range(kh)])
-      return dx, tf.expand_dims(dw_, -1)
+              * x[:, r0 + oh:r1 + oh, c0 + ow:c1 + ow, :], [0, 1, 2])
+      zero = tf.zeros_like(w[0, 0, :, 0])  # a tap that never reads inside
+      filter_grad = tf.stack([
+          tf.stack([taps.get((i, j), zero) for j in range(kw)])
+          for i in range(kh)])
+      return dx, tf.expand_dims(filter_grad, -1)
     return _banded_correlation(x, w, rows, cols), grad
 
   return conv(x, w)
