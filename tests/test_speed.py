@@ -30,6 +30,7 @@ from deeplab_train.data import preprocess
 from deeplab_train.model import deeplab
 from deeplab_train.train import graph as graph_lib
 from deeplab_train.train import loss_scale as loss_scale_lib
+from deeplab_train.runtime import cpu as cpu_lib
 from deeplab_train.runtime import session_config as session_lib
 import train_testing as tt
 
@@ -636,6 +637,47 @@ def test_bench_variant_names():
   assert bench_cli.parse_variant('fp32+xla') == ('none', True)
   assert bench_cli.parse_variant('bf16+xla') == ('bf16', True)
   assert bench_cli.parse_variant('xla') == ('none', True)
-  for bad in ('fp8', 'bf16+fp16', 'xla+xla'):
+  for bad in ('fp8', 'bf16+fp16', 'xla+xla', 'auto+bf16'):
     with pytest.raises(config.ConfigError, match='bench_variants'):
       bench_cli.parse_variant(bad)
+
+
+@pytest.mark.parametrize('flags_line,mode', [
+    ('flags\t\t: avx2 avx512f avx512_bf16', 'bf16'),
+    ('flags\t\t: avx2 amx_tile amx_bf16', 'bf16'),
+    ('flags\t\t: avx2 avx512f', 'none')])
+def test_bench_variant_auto_is_what_training_chooses(flags_line, mode):
+  features = cpu_lib.cpu_features('processor\t: 0\n' + flags_line)
+  assert bench_cli.parse_variant('auto', features) == (mode, False)
+  assert bench_cli.parse_variant('auto+xla', features) == (mode, True)
+  chosen, reason = cpu_lib.auto_mixed_precision(features)
+  assert chosen == mode
+  # Where bf16 is chosen the log says how to measure its gain here.
+  assert ('--bench_variants=none,auto' in reason) == (mode == 'bf16')
+
+
+def test_bench_variants_auto_runs_the_machines_choice(monkeypatch):
+  commands = []
+
+  def fake_run(argv, **unused_kwargs):
+    commands.append(argv)
+    mode = [a for a in argv if a.startswith('--mixed_precision=')][0]
+    result = _fake_result(mode.split('=')[1], False, 4.0)
+    line = {'event': 'result', 'status': 'ok', 'results': [result]}
+    return subprocess.CompletedProcess(argv, 0, json.dumps(line) + '\n', '')
+
+  monkeypatch.setattr(bench_cli.subprocess, 'run', fake_run)
+  monkeypatch.setattr(cpu_lib, 'machine_cpu', lambda: cpu_lib.cpu_features(
+      'processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16'))
+  with flagsaver.flagsaver():
+    flags.FLAGS(['deeplab-bench', '--bench_variants=none,auto'])
+    results = bench_cli.run_variants(bench_cli.options_from_flags())
+  assert [r['mixed_precision'] for r in results] == ['none', 'bf16']
+  assert '--mixed_precision=bf16' in commands[1]
+  # The bf16 step's FLOP/s is also given as a share of the bf16 peak.
+  for r in results:
+    r.update(achieved_gflops=200.0, peak_gflops=250.0,
+             peak_bf16_gflops=400.0)
+  row = [l for l in bench.format_table(results).splitlines()
+         if l.startswith('share of bf16 peak')][0]
+  assert row.split()[4:] == ['-', '50.0', '%']

@@ -10,6 +10,7 @@ _TABLE_ROWS = (
     ('fp32 matmul peak', 'peak_gflops', '%.1f GFLOP/s'),
     ('bf16 matmul peak', 'peak_bf16_gflops', '%.1f GFLOP/s'),
     ('share of fp32 peak', 'peak_fraction', '%.1%%'),
+    ('share of bf16 peak', '_bf16_peak_fraction', '%.1%%'),
     ('peak RSS', 'peak_rss_gib', '%.2f GiB'),
     ('input wait / step', 'input_wait_seconds_per_step', '%.4f s'),
     ('input wait share', 'input_wait_fraction', '%.2%%'),
@@ -25,6 +26,18 @@ def _format(fmt, value):
   if fmt.endswith('%%'):
     return (fmt[:-2] + 'f %%') % (100.0 * value)
   return fmt % (value,)
+
+
+def _bf16_peak_fraction(result):
+  """achieved / the bf16 matmul peak for a bf16 setting, else None: a bf16
+  step is measured against what the machine does in bf16."""
+  peak = result.get('peak_bf16_gflops')
+  if result['mixed_precision'] != 'bf16' or not peak:
+    return None
+  return result['achieved_gflops'] / peak
+
+
+_DERIVED = {'_bf16_peak_fraction': _bf16_peak_fraction}
 
 
 def variant_name(result):
@@ -55,7 +68,9 @@ def format_table(results):
       rows.append([label] + ['%.3f -> %.3f' % (r['first_loss'], r['last_loss'])
                              for r in results])
     else:
-      rows.append([label] + [_format(fmt, r[key]) for r in results])
+      rows.append([label] + [
+          _format(fmt, _DERIVED[key](r) if key in _DERIVED else r[key])
+          for r in results])
   if len(results) > 1:
     rows.append(['training vs %s' % variant_name(first)] + [
         '%.2fx' % (r['train_images_per_sec'] / first['train_images_per_sec'])

@@ -5,7 +5,7 @@ inference speed of exported models).
         --train_crop_size=321,321 --train_batch_size=4 \\
         [--bench_data=synthetic|sample|dataset_dir] \\
         [--mixed_precision=none|bf16|fp16] [--use_xla] \\
-        [--bench_variants=none,bf16,bf16+xla]
+        [--bench_variants=none,bf16,bf16+xla|none,auto]
     deeplab-bench ... --compare_original=DIR [--compare_rounds=3] \\
         [--compare_steps=30]
     deeplab-bench --exported_model=OUT/frozen.pb,OUT/saved_model,OUT/m.tflite \\
@@ -102,8 +102,9 @@ _BENCH_TABLE = (
      'Side of the fp32 matmul measuring the peak FLOP/s.'),
     ('list', 'bench_variants', None,
      'Settings to compare, each MODE or MODE+xla with MODE in '
-     'none/bf16/fp16, e.g. none,bf16,bf16+xla; one process each. Unset: the '
-     '--mixed_precision/--use_xla flags.'),
+     'none/bf16/fp16/auto, e.g. none,bf16,bf16+xla; one process each; '
+     'none,auto measures what --mixed_precision=auto gains on this machine. '
+     'Unset: the --mixed_precision/--use_xla flags.'),
     ('string', 'bench_json', None,
      'Also write the JSON result lines to this file.'),
     ('boolean', 'bench_child', False,
@@ -202,8 +203,10 @@ class BenchCommandJob:
   compare: Optional[object] = None
 
 
-def parse_variant(text):
-  """'bf16+xla' -> ('bf16', True); 'none' -> ('none', False).
+def parse_variant(text, cpu_features=None):
+  """'bf16+xla' -> ('bf16', True); 'none' -> ('none', False); 'auto' ->
+  what --mixed_precision=auto chooses on a CPU with `cpu_features`
+  (default: this machine's), e.g. ('bf16', False) with AVX512_BF16.
 
   Raises:
     config.ConfigError: unknown parts.
@@ -214,10 +217,14 @@ def parse_variant(text):
   mode = modes[0] if len(modes) == 1 else ('none' if not modes else None)
   if mode == 'fp32':
     mode = 'none'
+  elif mode == cpu_lib.AUTO:
+    mode, _ = cpu_lib.auto_mixed_precision(
+        cpu_features if cpu_features is not None else cpu_lib.machine_cpu())
   if mode not in config.MIXED_PRECISION_MODES or parts.count('xla') > 1:
     raise config.ConfigError(
-        '--bench_variants: bad setting %r; use none, bf16 or fp16, '
-        'optionally with +xla (e.g. bf16+xla)' % text)
+        '--bench_variants: bad setting %r; use none, bf16, fp16 or auto '
+        '(what --mixed_precision=auto chooses here), optionally with +xla '
+        '(e.g. bf16+xla)' % text)
   return mode, xla
 
 
@@ -473,7 +480,10 @@ def run_variants(job):
   """
   results = []
   for variant in job.variants:
-    logging.info('benchmarking %s', variant)
+    mode, xla = parse_variant(variant)
+    logging.info('benchmarking %s%s', variant,
+                 '' if variant.split('+')[0].strip() != cpu_lib.AUTO else
+                 ' (%s%s on this machine)' % (mode, '+xla' if xla else ''))
     proc = subprocess.run(_child_argv(job, variant), capture_output=True,
                           text=True, check=False)
     result = _child_result(proc.stdout)
