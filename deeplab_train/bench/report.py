@@ -1,5 +1,16 @@
 """The benchmark's report: a text table with a column per setting."""
 
+
+def _bf16_peak_fraction(result):
+  """achieved / the bf16 matmul peak for a bf16 setting, else None: a bf16
+  step is measured against what the machine does in bf16."""
+  peak = result.get('peak_bf16_gflops')
+  if result['mixed_precision'] != 'bf16' or not peak:
+    return None
+  return result['achieved_gflops'] / peak
+
+
+# (label, result key or fn(result) -> value, format)
 _TABLE_ROWS = (
     ('input pipeline', 'input_images_per_sec', '%.1f img/s'),
     ('training', 'train_images_per_sec', '%.3f img/s'),
@@ -10,7 +21,7 @@ _TABLE_ROWS = (
     ('fp32 matmul peak', 'peak_gflops', '%.1f GFLOP/s'),
     ('bf16 matmul peak', 'peak_bf16_gflops', '%.1f GFLOP/s'),
     ('share of fp32 peak', 'peak_fraction', '%.1%%'),
-    ('share of bf16 peak', '_bf16_peak_fraction', '%.1%%'),
+    ('share of bf16 peak', _bf16_peak_fraction, '%.1%%'),
     ('peak RSS', 'peak_rss_gib', '%.2f GiB'),
     ('input wait / step', 'input_wait_seconds_per_step', '%.4f s'),
     ('input wait share', 'input_wait_fraction', '%.2%%'),
@@ -26,18 +37,6 @@ def _format(fmt, value):
   if fmt.endswith('%%'):
     return (fmt[:-2] + 'f %%') % (100.0 * value)
   return fmt % (value,)
-
-
-def _bf16_peak_fraction(result):
-  """achieved / the bf16 matmul peak for a bf16 setting, else None: a bf16
-  step is measured against what the machine does in bf16."""
-  peak = result.get('peak_bf16_gflops')
-  if result['mixed_precision'] != 'bf16' or not peak:
-    return None
-  return result['achieved_gflops'] / peak
-
-
-_DERIVED = {'_bf16_peak_fraction': _bf16_peak_fraction}
 
 
 def variant_name(result):
@@ -69,8 +68,7 @@ def format_table(results):
                              for r in results])
     else:
       rows.append([label] + [
-          _format(fmt, _DERIVED[key](r) if key in _DERIVED else r[key])
-          for r in results])
+          _format(fmt, key(r) if callable(key) else r[key]) for r in results])
   if len(results) > 1:
     rows.append(['training vs %s' % variant_name(first)] + [
         '%.2fx' % (r['train_images_per_sec'] / first['train_images_per_sec'])

@@ -452,9 +452,8 @@ def run_one(job):
                                              job.bench_options))
 
 
-def _child_argv(job, variant):
-  """The command line of the child process measuring `variant`."""
-  mode, xla = parse_variant(variant)
+def _child_argv(job, mode, xla):
+  """The command line of the child process measuring a setting."""
   return ([sys.executable, '-m', 'deeplab_train.cli.bench'] +
           list(job.child_flags) +
           ['--mixed_precision=%s' % mode, '--use_xla' if xla else '--nouse_xla',
@@ -481,10 +480,9 @@ def run_variants(job):
   results = []
   for variant in job.variants:
     mode, xla = parse_variant(variant)
-    logging.info('benchmarking %s%s', variant,
-                 '' if variant.split('+')[0].strip() != cpu_lib.AUTO else
-                 ' (%s%s on this machine)' % (mode, '+xla' if xla else ''))
-    proc = subprocess.run(_child_argv(job, variant), capture_output=True,
+    logging.info('benchmarking %s (--mixed_precision=%s%s)', variant, mode,
+                 ' --use_xla' if xla else '')
+    proc = subprocess.run(_child_argv(job, mode, xla), capture_output=True,
                           text=True, check=False)
     result = _child_result(proc.stdout)
     if proc.returncode or result is None:
