@@ -4,14 +4,17 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
 from deeplab_train import config
 from deeplab_train.bench import compare
+from deeplab_train.cli import signals
 from deeplab_train.runtime import cpu as cpu_lib
 
 # Log lines verbatim, as long as the trainers print them.
@@ -152,6 +155,11 @@ def test_cpu_features_from_cpuinfo():
   line = compare.cpu_line(dict(cpu, usable_cores=1))
   assert line == ('CPU: AMD EPYC 9R14, 2 logical CPUs (1 usable); AVX2 yes, '
                   'AVX-512 yes, AVX512_BF16 yes, AMX no')
+  # Measured with oneDNN held below the CPU's features: the line says so.
+  limited = compare.cpu_line(dict(
+      cpu, usable_cores=1, onednn_limit=cpu_lib.onednn_limit(
+          {'ONEDNN_MAX_CPU_ISA': 'avx2'})))
+  assert limited == line + '; oneDNN capped at AVX2 (ONEDNN_MAX_CPU_ISA)'
 
 
 def test_process_settings_leave_the_users_own_values():
@@ -406,3 +414,72 @@ def test_command_with_a_stand_in_original_and_real_deeplab_train(
                      if k not in ('event', 'status')}
   args = pathlib.Path(tmp_path / 'args-original').read_text()
   assert '--seed' not in args and '--train_batch_size=2' in args
+
+
+def _alive(pid):
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  return True
+
+
+def test_raised_in_main_turns_sigterm_into_stopped_and_restores():
+  before = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(signals.Stopped) as caught:
+    with signals.raised_in_main():
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(5)  # the handler raises before this ends
+  assert (caught.value.name, caught.value.signum) == ('SIGTERM',
+                                                      signal.SIGTERM)
+  assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_running_trainer_and_the_command(tmp_path):
+  # The stand-in original writes its pid and then waits, as a trainer in
+  # its step would; a scripted kill of deeplab-bench must not leave it.
+  original = tmp_path / 'original'
+  original.mkdir()
+  pid_file = tmp_path / 'trainer.pid'
+  script = original / 'train.sh'
+  script.write_text('#!/bin/bash\necho $$ > {0}.tmp && mv {0}.tmp {0}\n'
+                    'exec sleep 600\n'.format(pid_file))
+  script.chmod(0o755)
+  temp = tmp_path / 'tmp'
+  temp.mkdir()
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', TMPDIR=str(temp))
+  proc = subprocess.Popen(
+      [sys.executable, '-m', 'deeplab_train.cli.bench',
+       '--compare_original=%s' % original, '--compare_rounds=1',
+       '--compare_steps=4', '--model_variant=mobilenet_v2',
+       '--train_crop_size=33,33', '--train_batch_size=2',
+       '--bench_synthetic_images=2'],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+  trainer_pid = None
+  try:
+    deadline = time.time() + 240
+    while not pid_file.exists():
+      assert proc.poll() is None, proc.communicate()[1][-3000:]
+      assert time.time() < deadline, 'the stand-in trainer never started'
+      time.sleep(0.1)
+    trainer_pid = int(pid_file.read_text())
+    assert _alive(trainer_pid)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+    if trainer_pid is not None and _alive(trainer_pid):
+      os.kill(trainer_pid, signal.SIGKILL)
+      pytest.fail('deeplab-bench exited and left its trainer running')
+  assert proc.returncode == 143, err[-3000:]
+  assert 'deeplab-bench: stopped by SIGTERM' in err
+  assert 'Traceback' not in err
+  result = json.loads(out.splitlines()[-1])
+  assert (result['status'], result['message']) == ('terminated',
+                                                   'stopped by SIGTERM')
+  # The work folder (records, the logdir) is gone with the run.
+  assert not [p for p in temp.iterdir()
+              if p.name.startswith('deeplab-bench-compare-')]

@@ -656,6 +656,72 @@ def test_bench_variant_auto_is_what_training_chooses(flags_line, mode):
   assert ('--bench_variants=none,auto' in reason) == (mode == 'bf16')
 
 
+
+_BF16_CPU = 'processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16'
+
+
+def test_onednn_isa_cap_is_read_as_onednn_reads_it():
+  cap = cpu_lib.onednn_isa_cap
+  assert cap({}) is None
+  assert cap({'ONEDNN_MAX_CPU_ISA': 'avx2'}) == ('ONEDNN_MAX_CPU_ISA', 'avx2',
+                                                 3)
+  assert cap({'DNNL_MAX_CPU_ISA': 'AVX512_CORE'})[:2] == ('DNNL_MAX_CPU_ISA',
+                                                         'AVX512_CORE')
+  # The first one set wins, and ALL or an unknown name caps nothing.
+  assert cap({'ONEDNN_MAX_CPU_ISA': 'ALL', 'DNNL_MAX_CPU_ISA': 'AVX2'}) is None
+  assert cap({'ONEDNN_MAX_CPU_ISA': 'avx9'}) is None
+  assert cpu_lib.onednn_limit({'ONEDNN_MAX_CPU_ISA': 'avx2'}) == (
+      'capped at AVX2 (ONEDNN_MAX_CPU_ISA)')
+  assert cpu_lib.onednn_limit({'TF_ENABLE_ONEDNN_OPTS': 'false'}) == (
+      'off (TF_ENABLE_ONEDNN_OPTS=0)')
+  assert cpu_lib.onednn_limit({'TF_ENABLE_ONEDNN_OPTS': '1'}) is None
+
+
+@pytest.mark.parametrize('environ,mode,named', [
+    ({}, 'bf16', None),
+    ({'TF_ENABLE_ONEDNN_OPTS': '1'}, 'bf16', None),
+    ({'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE_BF16'}, 'bf16', None),
+    ({'ONEDNN_MAX_CPU_ISA': 'avx512_core_amx'}, 'bf16', None),
+    # bf16 measured slower than fp32 with oneDNN off or below bf16.
+    ({'TF_ENABLE_ONEDNN_OPTS': '0'}, 'none', 'TF_ENABLE_ONEDNN_OPTS=0'),
+    ({'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE'}, 'none',
+     'ONEDNN_MAX_CPU_ISA=AVX512_CORE'),
+    ({'DNNL_MAX_CPU_ISA': 'AVX2'}, 'none', 'DNNL_MAX_CPU_ISA=AVX2')])
+def test_auto_is_bf16_only_where_onednn_may_use_native_bf16(environ, mode,
+                                                            named):
+  features = cpu_lib.cpu_features(_BF16_CPU)
+  chosen, reason = cpu_lib.auto_mixed_precision(features, environ)
+  assert chosen == mode
+  if named:
+    assert named in reason and 'native bfloat16 (AVX512_BF16), but' in reason
+
+
+def test_bf16_is_refused_where_onednn_would_abort(monkeypatch):
+  avx512 = cpu_lib.cpu_features(_BF16_CPU)
+  avx2 = cpu_lib.cpu_features('processor\t: 0\nflags\t\t: avx2')
+  capped = {'ONEDNN_MAX_CPU_ISA': 'AVX2'}
+  refusal = cpu_lib.bf16_refusal(avx512, capped)
+  assert 'ONEDNN_MAX_CPU_ISA=AVX2' in refusal
+  assert '--mixed_precision=none' in refusal
+  # Runs (slowly) at AVX512_CORE; no oneDNN bf16 without AVX-512 or with
+  # oneDNN off.
+  assert cpu_lib.bf16_refusal(avx512, {'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE'}) \
+      is None
+  assert cpu_lib.bf16_refusal(avx2, capped) is None
+  assert cpu_lib.bf16_refusal(
+      avx512, dict(capped, TF_ENABLE_ONEDNN_OPTS='0')) is None
+  assert cpu_lib.bf16_refusal(avx512, {}) is None
+  # deeplab-bench refuses it before starting a child.
+  monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX2')
+  monkeypatch.delenv('DNNL_MAX_CPU_ISA', raising=False)
+  monkeypatch.setenv('TF_ENABLE_ONEDNN_OPTS', '1')
+  with pytest.raises(config.ConfigError,
+                     match=r'--bench_variants: bf16\+xla: ONEDNN_MAX_CPU_ISA'):
+    bench_cli.parse_variant('bf16+xla', avx512)
+  assert bench_cli.parse_variant('auto', avx512) == ('none', False)
+  assert bench_cli.parse_variant('bf16', avx2) == ('bf16', False)
+
+
 def test_bench_variants_auto_runs_the_machines_choice(monkeypatch):
   commands = []
 

@@ -224,6 +224,30 @@ def test_mixed_precision_auto_is_bf16_only_with_native_bf16(flags_line, mode):
     FLAGS.unparse_flags()
 
 
+
+def test_bf16_refused_where_onednn_would_abort(monkeypatch):
+  # On an AVX-512 CPU with oneDNN capped below AVX512_CORE, a bf16 step
+  # aborts the process: refused as bad input naming the flag and variable.
+  features = cpu_lib.cpu_features(
+      'processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16')
+  monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX2')
+  monkeypatch.setenv('TF_ENABLE_ONEDNN_OPTS', '1')
+  FLAGS.unparse_flags()
+  try:
+    FLAGS(['deeplab-train', '--mixed_precision=bf16'])
+    with pytest.raises(config.ConfigError) as caught:
+      train_flags.train_options(features)
+    assert str(caught.value).startswith(
+        '--mixed_precision=bf16: ONEDNN_MAX_CPU_ISA=AVX2 keeps oneDNN below '
+        'AVX512_CORE')
+    FLAGS(['deeplab-train', '--mixed_precision=auto'])
+    assert train_flags.train_options(features).mixed_precision == 'none'
+    monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX512_CORE_BF16')
+    assert train_flags.train_options(features).mixed_precision == 'bf16'
+  finally:
+    FLAGS.unparse_flags()
+
+
 @pytest.mark.slow
 def test_sigkill_then_restart_resumes_at_the_checkpoint(tmp_path, records):
   logdir = tmp_path / 'log'

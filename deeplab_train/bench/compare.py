@@ -527,7 +527,8 @@ def run_comparison(job):
   """Trains both trainers alternately, `job.options.rounds` times each.
 
   The work folder (records, logs) is removed after a successful run and
-  kept after a failure, for its logs.
+  kept after a failed trainer, for its log (removed after anything else,
+  e.g. a stop).
 
   Returns:
     summarize's result dict.
@@ -538,14 +539,22 @@ def run_comparison(job):
   original, ours = trainers(job)
   load_start = os.getloadavg()[0]
   work_dir = tempfile.mkdtemp(prefix='deeplab-bench-compare-')
-  records = os.path.join(work_dir, 'records')
-  os.makedirs(records)
-  data = prepare_records(job, records)
   rounds = []
-  for index in range(1, job.options.rounds + 1):
-    rounds.append({
-        'original': run_trainer(original, job, data, work_dir, index),
-        'ours': run_trainer(ours, job, data, work_dir, index)})
+  try:
+    records = os.path.join(work_dir, 'records')
+    os.makedirs(records)
+    data = prepare_records(job, records)
+    for index in range(1, job.options.rounds + 1):
+      rounds.append({
+          'original': run_trainer(original, job, data, work_dir, index),
+          'ours': run_trainer(ours, job, data, work_dir, index)})
+  except TrainerFailed:
+    raise  # its message names a log in work_dir
+  except BaseException:
+    # Also a stop (the command's SIGTERM/SIGINT exception): run_logged has
+    # ended the trainer; nothing in the folder is named to the user.
+    shutil.rmtree(work_dir, ignore_errors=True)
+    raise
   shutil.rmtree(work_dir, ignore_errors=True)
   return report.rounded(summarize(job, rounds, cpu_lib.machine_cpu(),
                            [load_start, os.getloadavg()[0]]))
@@ -563,14 +572,19 @@ def _table(rows):
 
 
 def cpu_line(cpu):
-  """'CPU: <model>, N logical CPUs (M usable); AVX2 yes, ...'."""
+  """'CPU: <model>, N logical CPUs (M usable); AVX2 yes, ...', and what
+  limited oneDNN (runtime.cpu.onednn_limit) if anything did."""
   def yes(key):
     return 'yes' if cpu.get(key) else 'no'
-  return ('CPU: %s, %d logical CPUs (%s usable); AVX2 %s, AVX-512 %s, '
+  line = ('CPU: %s, %d logical CPUs (%s usable); AVX2 %s, AVX-512 %s, '
           'AVX512_BF16 %s, AMX %s' % (
               cpu.get('model_name') or 'unknown', cpu.get('logical_cpus', 0),
               cpu.get('usable_cores', '?'), yes('avx2'), yes('avx512f'),
               yes('avx512_bf16'), yes('amx')))
+  if cpu.get('onednn_limit'):
+    # The features are the CPU's; the kernels used fewer of them.
+    line += '; oneDNN %s' % cpu['onednn_limit']
+  return line
 
 
 def format_comparison(result):

@@ -19,7 +19,9 @@ the share of it achieved, peak memory, and the time the towers waited for
 input (see deeplab_train/bench/ for how). Prints a table and, last, one
 JSON line {"event": "result", "status": "ok", "results": [...]} with a
 result per measured setting (also written to --bench_json, one line each).
-Exit codes: 0 ok, 2 bad input, 1 unexpected error (e.g. a failed setting).
+Exit codes: 0 ok, 2 bad input, 1 unexpected error (e.g. a failed setting),
+143 / 130 stopped by SIGTERM / SIGINT (the child process measuring is ended
+first, and a --compare_original run removes its work folder).
 
 --bench_variants compares settings: each one runs in its own process (so
 each has its own peak memory), one after the other, and the table gets a
@@ -72,9 +74,11 @@ from deeplab_train import config
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
+from deeplab_train.cli import signals
 from deeplab_train.cli import train_flags
 from deeplab_train.data import datasets
 from deeplab_train.runtime import cpu as cpu_lib
+from deeplab_train.runtime import result as result_lib
 # Library modules that load TensorFlow (seconds) are imported by the
 # functions using them, after the flag checks: --help, a bad flag and a
 # missing one are answered without it (tests/test_command_start.py).
@@ -209,22 +213,27 @@ def parse_variant(text, cpu_features=None):
   (default: this machine's), e.g. ('bf16', False) with AVX512_BF16.
 
   Raises:
-    config.ConfigError: unknown parts.
+    config.ConfigError: unknown parts, or bf16 where it would abort
+      (cpu_lib.bf16_refusal).
   """
   parts = [p.strip() for p in text.split('+') if p.strip()]
   xla = 'xla' in parts
   modes = [p for p in parts if p != 'xla']
   mode = modes[0] if len(modes) == 1 else ('none' if not modes else None)
+  features = cpu_features if cpu_features is not None else (
+      cpu_lib.machine_cpu())
   if mode == 'fp32':
     mode = 'none'
   elif mode == cpu_lib.AUTO:
-    mode, _ = cpu_lib.auto_mixed_precision(
-        cpu_features if cpu_features is not None else cpu_lib.machine_cpu())
+    mode, _ = cpu_lib.auto_mixed_precision(features)
   if mode not in config.MIXED_PRECISION_MODES or parts.count('xla') > 1:
     raise config.ConfigError(
         '--bench_variants: bad setting %r; use none, bf16, fp16 or auto '
         '(what --mixed_precision=auto chooses here), optionally with +xla '
         '(e.g. bf16+xla)' % text)
+  refusal = cpu_lib.bf16_refusal(features) if mode == 'bf16' else None
+  if refusal:
+    raise config.ConfigError('--bench_variants: %s: %s', text, refusal)
   return mode, xla
 
 
@@ -566,8 +575,19 @@ def run_job(job):
 
 
 def main(argv):
-  return app.run_body(COMMAND, argv, lambda: run_job(options_from_flags()),
-                      flag_names=FLAG_NAMES)
+  """Runs the command; a SIGTERM/SIGINT ends the child process measuring
+  (a trainer, a setting, an exported model) before this one exits with
+  128 + the signal number and a 'terminated'/'interrupted' result line."""
+  try:
+    with signals.raised_in_main():
+      return app.run_body(COMMAND, argv,
+                          lambda: run_job(options_from_flags()),
+                          flag_names=FLAG_NAMES)
+  except signals.Stopped as e:
+    message = 'stopped by %s' % e.name
+    sys.stderr.write('%s: %s\n' % (COMMAND, message))
+    app.print_result(result_lib.STOPPED_NOW[e.name], message=message)
+    return signals.exit_code(e.signum)
 
 
 def run():

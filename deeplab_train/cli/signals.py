@@ -14,8 +14,13 @@ a thread: on the second one it calls the command's `on_stop_now(signum)`
 written under temporary names and renamed, so ending mid-save loses nothing
 already written.
 
+deeplab-bench has no clean stop to make: `raised_in_main` turns a signal
+into an exception there, so that the child processes it runs are ended
+before it exits.
+
 Standard library only: this module is imported before TensorFlow.
 """
+import contextlib
 import os
 import signal
 import socket
@@ -146,3 +151,44 @@ def current():
   """The installed ProcessSignals, or None (e.g. a command's main() called
   in-process by a test: the run then sets its own handlers)."""
   return _INSTANCE
+
+
+class Stopped(BaseException):
+  """A SIGTERM/SIGINT raised in the main thread by `raised_in_main`.
+
+  A BaseException, so that `except Exception` blocks let it through and the
+  code holding child processes ends them on its way out (e.g.
+  subprocess.run and bench/compare.run_logged kill their child on any
+  exception).
+
+  Attributes:
+    signum: the signal's number; `name` its name ('SIGTERM').
+  """
+
+  def __init__(self, signum):
+    self.signum = int(signum)
+    self.name = signal_name(signum)
+    super().__init__('stopped by %s' % self.name)
+
+
+def _raise_stopped(signum, frame):
+  del frame
+  raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def raised_in_main():
+  """Within it, SIGTERM and SIGINT raise `Stopped` in the main thread.
+
+  For commands that start child processes and have no clean stop of their
+  own (deeplab-bench): without it SIGTERM ends the Python process at once
+  and its children run on. Python runs the handler when the main thread is
+  back in the interpreter (a wait on a child, between session runs). The
+  previous handlers are restored on leaving.
+  """
+  previous = {sig: signal.signal(sig, _raise_stopped) for sig in SIGNALS}
+  try:
+    yield
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)

@@ -113,8 +113,9 @@ _SPEED_TABLE = (
      'Low-precision compute with fp32 variables, logits and loss: bf16 '
      '(CPUs with AVX512_BF16/AMX; oneDNN rewrite), fp16 (GPUs; with '
      'dynamic loss scaling), or auto: bf16 where the CPU has native '
-     'bfloat16, else none (see docs/speed.md; results differ slightly from '
-     'fp32 training).',
+     'bfloat16 and oneDNN may use it (not with TF_ENABLE_ONEDNN_OPTS=0 or '
+     'ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16), else none (see '
+     'docs/speed.md; results differ slightly from fp32 training).',
      {'enum_values': list(config.MIXED_PRECISION_MODES) + [cpu_lib.AUTO]}),
     ('boolean', 'use_xla', False,
      'Compile the network and its gradients with XLA (for GPUs; on CPUs XLA '
@@ -210,16 +211,22 @@ def check_unsupported():
 
 def train_options(cpu_features=None, dataset_info=None):
   """TrainOptions from the flags, validated; --mixed_precision=auto
-  resolved for `cpu_features` (default: this machine's, runtime/cpu.py),
+  resolved for `cpu_features` (default: this machine's, runtime/cpu.py)
+  and the environment's oneDNN settings, bf16 refused where it would abort,
   a --label_weights scheme from the counts in `dataset_info` (default:
   --dataset_dir's dataset.json)."""
   values = {name: FLAGS[name].value for name in _TRAIN_FIELDS}
   values['label_weights'] = label_weights(dataset_info)
+  features = cpu_features if cpu_features is not None else (
+      cpu_lib.machine_cpu())
   if values['mixed_precision'] == cpu_lib.AUTO:
-    mode, reason = cpu_lib.auto_mixed_precision(
-        cpu_features if cpu_features is not None else cpu_lib.machine_cpu())
+    mode, reason = cpu_lib.auto_mixed_precision(features)
     logging.info('--mixed_precision=auto: %s (%s)', mode, reason)
     values['mixed_precision'] = mode
+  elif values['mixed_precision'] == 'bf16':
+    refusal = cpu_lib.bf16_refusal(features)
+    if refusal:
+      raise config.ConfigError('--mixed_precision=bf16: %s', refusal)
   return config.TrainOptions(**values).validate()
 
 

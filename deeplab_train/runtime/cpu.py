@@ -38,13 +38,15 @@ def cpu_features(cpuinfo_text):
 
 
 def machine_cpu(path='/proc/cpuinfo'):
-  """cpu_features of this machine plus 'usable_cores' (its affinity)."""
+  """cpu_features of this machine plus 'usable_cores' (its affinity) and
+  'onednn_limit' (onednn_limit of this process's environment)."""
   try:
     with open(path) as f:
       features = cpu_features(f.read())
   except OSError:
     features = cpu_features('')
   features['usable_cores'] = usable_cores()
+  features['onednn_limit'] = onednn_limit()
   return features
 
 
@@ -61,17 +63,105 @@ def native_bf16(features):
   return bool(features.get('avx512_bf16') or features.get('amx'))
 
 
-def auto_mixed_precision(features):
-  """(mode, reason) for --mixed_precision=auto on a CPU with `features`.
+def auto_mixed_precision(features, environ=None):
+  """(mode, reason) for --mixed_precision=auto on a CPU with `features`
+  in the environment `environ` (default: this process's).
 
-  bf16 only where the CPU has native bfloat16 instructions: elsewhere
-  oneDNN emulates it and training gets slower. fp16 is never chosen (GPUs:
-  ask for it).
+  bf16 only where the CPU has native bfloat16 instructions and oneDNN may
+  use them: elsewhere bfloat16 is emulated and training gets slower
+  (bf16_held_back). fp16 is never chosen (GPUs: ask for it).
   """
-  if native_bf16(features):
-    return 'bf16', 'this CPU has native bfloat16 (%s); %s' % (
-        'AMX' if features.get('amx') else 'AVX512_BF16', MEASURE_AUTO_GAIN)
-  return 'none', 'this CPU has no native bfloat16 (AVX512_BF16 or AMX)'
+  if not native_bf16(features):
+    return 'none', 'this CPU has no native bfloat16 (AVX512_BF16 or AMX)'
+  native = 'AMX' if features.get('amx') else 'AVX512_BF16'
+  held_back = bf16_held_back(environ)
+  if held_back:
+    return 'none', 'this CPU has native bfloat16 (%s), but %s' % (native,
+                                                                  held_back)
+  return 'bf16', 'this CPU has native bfloat16 (%s); %s' % (
+      native, MEASURE_AUTO_GAIN)
+
+
+# oneDNN's cap on the instructions its kernels use: the first of these
+# set wins (ALL or a name it does not know caps nothing; any case).
+ONEDNN_ISA_ENVS = ('ONEDNN_MAX_CPU_ISA', 'DNNL_MAX_CPU_ISA')
+# oneDNN's instruction set levels, lowest first (two names, one level).
+_ONEDNN_ISA_LEVELS = {
+    'SSE41': 1, 'AVX': 2, 'AVX2': 3, 'AVX2_VNNI': 4, 'AVX2_VNNI_2': 5,
+    'AVX512_CORE': 6, 'AVX512_CORE_VNNI': 7, 'AVX512_CORE_BF16': 8,
+    'AVX512_CORE_FP16': 9, 'AVX10_1_512': 9,
+    'AVX512_CORE_AMX': 10, 'AVX10_1_512_AMX': 10,
+    'AVX512_CORE_AMX_FP16': 11, 'AVX10_1_512_AMX_FP16': 11}
+_AVX512_CORE = _ONEDNN_ISA_LEVELS['AVX512_CORE']
+_NATIVE_BF16 = _ONEDNN_ISA_LEVELS['AVX512_CORE_BF16']
+
+
+def onednn_isa_cap(environ=None):
+  """('ONEDNN_MAX_CPU_ISA', 'AVX2', level) for the cap oneDNN reads from
+  `environ` (default: this process's), or None when it caps nothing."""
+  environ = os.environ if environ is None else environ
+  for name in ONEDNN_ISA_ENVS:
+    value = environ.get(name)
+    if value:
+      level = _ONEDNN_ISA_LEVELS.get(value.strip().upper())
+      return (name, value, level) if level else None
+  return None
+
+
+def onednn_off(environ=None):
+  """True when TF_ENABLE_ONEDNN_OPTS in `environ` turns oneDNN off."""
+  environ = os.environ if environ is None else environ
+  return environ.get(ONEDNN_ENV, '').strip().lower() in ('0', 'false')
+
+
+def onednn_limit(environ=None):
+  """What in `environ` (default: this process's) keeps oneDNN from the
+  CPU's instructions, as words for a report ('off (TF_ENABLE_ONEDNN_OPTS=0)',
+  'capped at AVX2 (ONEDNN_MAX_CPU_ISA)'), or None."""
+  if onednn_off(environ):
+    return 'off (%s=0)' % ONEDNN_ENV
+  cap = onednn_isa_cap(environ)
+  if cap:
+    return 'capped at %s (%s)' % (cap[1].strip().upper(), cap[0])
+  return None
+
+
+def bf16_held_back(environ=None):
+  """Why oneDNN cannot use the CPU's native bfloat16 instructions under
+  `environ`, or None. Measured on a 2-core AVX512_BF16 CPU (docs/speed.md,
+  `deeplab-bench --bench_variants=none,bf16`): with oneDNN off, bf16
+  trained 0.94x (mobilenet_v2) and 1.07x (xception_65) fp32's images/s
+  (with it 1.2x and 1.6x); with oneDNN capped at AVX512_CORE 0.5x
+  (mobilenet_v2); below that it aborts (bf16_refusal).
+  """
+  if onednn_off(environ):
+    return ('%s=0 turns TensorFlow\'s oneDNN kernels off, and with them '
+            'the native bfloat16 instructions: bf16 trained at 0.94x-1.07x '
+            'fp32\'s speed without them' % ONEDNN_ENV)
+  cap = onednn_isa_cap(environ)
+  if cap and cap[2] < _NATIVE_BF16:
+    return ('%s=%s keeps oneDNN below AVX512_CORE_BF16: bf16 trained at '
+            'half fp32\'s speed there (mobilenet_v2)' % cap[:2])
+  return None
+
+
+def bf16_refusal(features, environ=None):
+  """Why --mixed_precision=bf16 cannot train on a CPU with `features`
+  under `environ`, or None.
+
+  On an AVX-512 CPU TensorFlow hands bfloat16 ops to oneDNN, which aborts
+  the process ("terminate called after throwing an instance of
+  'dnnl::error'") when its instructions are capped below AVX512_CORE.
+  """
+  cap = onednn_isa_cap(environ)
+  if (features.get('avx512f') and not onednn_off(environ) and cap
+      and cap[2] < _AVX512_CORE):
+    return ('%s=%s keeps oneDNN below AVX512_CORE, and TensorFlow hands '
+            'bfloat16 ops to oneDNN on this AVX-512 CPU: the process would '
+            'abort in its first step. Unset %s (or set it to AVX512_CORE_BF16 '
+            'or higher), or train with --mixed_precision=none' % (
+                cap[0], cap[1], cap[0]))
+  return None
 
 
 # How a user sees what the choice gains on their machine and model; the
