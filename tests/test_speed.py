@@ -656,6 +656,36 @@ def test_bench_variant_auto_is_what_training_chooses(flags_line, mode):
   assert ('--bench_variants=none,auto' in reason) == (mode == 'bf16')
 
 
+def _run_variants(monkeypatch, cpu_flags, variants):
+  """(results, child command lines) of run_variants on a CPU with
+  `cpu_flags`, with oneDNN on and uncapped, and children faked."""
+  commands = []
+
+  def fake_run(argv, **unused_kwargs):
+    commands.append(argv)
+    mode = [a for a in argv if a.startswith('--mixed_precision=')][0]
+    result = _fake_result(mode.split('=')[1], False, 4.0)
+    line = {'event': 'result', 'status': 'ok', 'results': [result]}
+    return subprocess.CompletedProcess(argv, 0, json.dumps(line) + '\n', '')
+
+  monkeypatch.setattr(bench_cli.subprocess, 'run', fake_run)
+  monkeypatch.setattr(cpu_lib, 'machine_cpu', lambda: cpu_lib.cpu_features(
+      'processor\t: 0\nflags\t\t: ' + cpu_flags))
+  monkeypatch.setenv('TF_ENABLE_ONEDNN_OPTS', '1')
+  for name in cpu_lib.ONEDNN_ISA_ENVS:
+    monkeypatch.delenv(name, raising=False)
+  with flagsaver.flagsaver():
+    flags.FLAGS(['deeplab-bench', '--bench_variants=' + variants])
+    return bench_cli.run_variants(bench_cli.options_from_flags()), commands
+
+
+def test_bench_variants_measure_a_setting_once(monkeypatch):
+  # Where auto is none (no native bf16), none,auto runs one child.
+  results, commands = _run_variants(monkeypatch, 'avx2', 'none,auto,bf16')
+  assert [r['mixed_precision'] for r in results] == ['none', 'none', 'bf16']
+  assert len(commands) == 2
+  assert results[1] == results[0] and results[1] is not results[0]
+
 
 _BF16_CPU = 'processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16'
 
@@ -723,21 +753,8 @@ def test_bf16_is_refused_where_onednn_would_abort(monkeypatch):
 
 
 def test_bench_variants_auto_runs_the_machines_choice(monkeypatch):
-  commands = []
-
-  def fake_run(argv, **unused_kwargs):
-    commands.append(argv)
-    mode = [a for a in argv if a.startswith('--mixed_precision=')][0]
-    result = _fake_result(mode.split('=')[1], False, 4.0)
-    line = {'event': 'result', 'status': 'ok', 'results': [result]}
-    return subprocess.CompletedProcess(argv, 0, json.dumps(line) + '\n', '')
-
-  monkeypatch.setattr(bench_cli.subprocess, 'run', fake_run)
-  monkeypatch.setattr(cpu_lib, 'machine_cpu', lambda: cpu_lib.cpu_features(
-      'processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16'))
-  with flagsaver.flagsaver():
-    flags.FLAGS(['deeplab-bench', '--bench_variants=none,auto'])
-    results = bench_cli.run_variants(bench_cli.options_from_flags())
+  results, commands = _run_variants(
+      monkeypatch, 'avx2 avx512f avx512_bf16', 'none,auto')
   assert [r['mixed_precision'] for r in results] == ['none', 'bf16']
   assert '--mixed_precision=bf16' in commands[1]
   # The bf16 step's FLOP/s is also given as a share of the bf16 peak.

@@ -25,7 +25,9 @@ first, and a --compare_original run removes its work folder).
 
 --bench_variants compares settings: each one runs in its own process (so
 each has its own peak memory), one after the other, and the table gets a
-column per setting with the ratio of training speeds to the first.
+column per setting with the ratio of training speeds to the first. A
+setting that comes to one already measured (none,auto where auto is none)
+reuses its result.
 
 --compare_original=DIR is for our own benchmarking: it measures the
 original DeepLab trainer against deeplab-train on this machine. DIR is the
@@ -487,8 +489,18 @@ def run_variants(job):
     RuntimeError: a child failed (its stderr tail is in the message).
   """
   results = []
+  measured = {}  # (mode, xla) -> (variant, result)
   for variant in job.variants:
     mode, xla = parse_variant(variant)
+    if (mode, xla) in measured:
+      # E.g. none,auto where auto is none: the same child again would
+      # measure the same thing.
+      earlier, result = measured[(mode, xla)]
+      logging.info('%s is --mixed_precision=%s%s here, as %s: its result '
+                   'is reused, not measured again', variant, mode,
+                   ' --use_xla' if xla else '', earlier)
+      results.append(dict(result))
+      continue
     logging.info('benchmarking %s (--mixed_precision=%s%s)', variant, mode,
                  ' --use_xla' if xla else '')
     proc = subprocess.run(_child_argv(job, mode, xla), capture_output=True,
@@ -498,6 +510,7 @@ def run_variants(job):
       tail = '\n'.join(proc.stderr.strip().splitlines()[-15:])
       raise RuntimeError('benchmark of %s failed (exit %d):\n%s'
                          % (variant, proc.returncode, tail))
+    measured[(mode, xla)] = (variant, result)
     results.append(result)
   return results
 
