@@ -222,18 +222,13 @@ def parse_variant(text, cpu_features=None):
   xla = 'xla' in parts
   modes = [p for p in parts if p != 'xla']
   mode = modes[0] if len(modes) == 1 else ('none' if not modes else None)
-  features = cpu_features if cpu_features is not None else (
-      cpu_lib.machine_cpu())
-  if mode == 'fp32':
-    mode = 'none'
-  elif mode == cpu_lib.AUTO:
-    mode, _ = cpu_lib.auto_mixed_precision(features)
+  mode, _, refusal = cpu_lib.choose_mixed_precision(
+      'none' if mode == 'fp32' else mode, cpu_features)
   if mode not in config.MIXED_PRECISION_MODES or parts.count('xla') > 1:
     raise config.ConfigError(
         '--bench_variants: bad setting %r; use none, bf16, fp16 or auto '
         '(what --mixed_precision=auto chooses here), optionally with +xla '
         '(e.g. bf16+xla)' % text)
-  refusal = cpu_lib.bf16_refusal(features) if mode == 'bf16' else None
   if refusal:
     raise config.ConfigError('--bench_variants: %s: %s', text, refusal)
   return mode, xla

@@ -217,16 +217,13 @@ def train_options(cpu_features=None, dataset_info=None):
   --dataset_dir's dataset.json)."""
   values = {name: FLAGS[name].value for name in _TRAIN_FIELDS}
   values['label_weights'] = label_weights(dataset_info)
-  features = cpu_features if cpu_features is not None else (
-      cpu_lib.machine_cpu())
-  if values['mixed_precision'] == cpu_lib.AUTO:
-    mode, reason = cpu_lib.auto_mixed_precision(features)
+  mode, reason, refusal = cpu_lib.choose_mixed_precision(
+      values['mixed_precision'], cpu_features)
+  if refusal:  # only for an explicit bf16: auto never picks it here
+    raise config.ConfigError('--mixed_precision=bf16: %s', refusal)
+  if reason:
     logging.info('--mixed_precision=auto: %s (%s)', mode, reason)
-    values['mixed_precision'] = mode
-  elif values['mixed_precision'] == 'bf16':
-    refusal = cpu_lib.bf16_refusal(features)
-    if refusal:
-      raise config.ConfigError('--mixed_precision=bf16: %s', refusal)
+  values['mixed_precision'] = mode
   return config.TrainOptions(**values).validate()
 
 

@@ -82,6 +82,24 @@ def auto_mixed_precision(features, environ=None):
       native, MEASURE_AUTO_GAIN)
 
 
+
+def choose_mixed_precision(mode, features=None, environ=None):
+  """(mode, auto's reason, refusal) for a --mixed_precision value `mode`
+  on a CPU with `features` (default: this machine's) in `environ`
+  (default: this process's): auto resolved (auto_mixed_precision, with
+  its reason to log; None for other values), and for bf16 why it cannot
+  train here (bf16_refusal) or None. Other values come back as they are;
+  the CPU is read only for auto and bf16.
+  """
+  if mode not in (AUTO, 'bf16'):
+    return mode, None, None
+  features = machine_cpu() if features is None else features
+  reason = None
+  if mode == AUTO:
+    mode, reason = auto_mixed_precision(features, environ)
+  refusal = bf16_refusal(features, environ) if mode == 'bf16' else None
+  return mode, reason, refusal
+
 # oneDNN's cap on the instructions its kernels use: the first of these
 # set wins (ALL or a name it does not know caps nothing; any case).
 ONEDNN_ISA_ENVS = ('ONEDNN_MAX_CPU_ISA', 'DNNL_MAX_CPU_ISA')
