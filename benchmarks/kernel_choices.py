@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Alternative ways to compute a few of a training step's ops, timed alone.
 
-    python benchmarks/kernel_choices.py [--only matmul,reduce,atrous,
-                                               filter_gradient,
+    python benchmarks/kernel_choices.py [--only matmul,conv1x1,reduce,
+                                               atrous,filter_gradient,
                                                depthwise_filter_gradient]
                                         [--repeats 15] [--threads 2]
 
@@ -14,6 +14,11 @@ weighs before changing how the model builds an op:
   input gradient, weight gradient) for shapes of mobilenet_v2 OS8 (batch 4)
   and xception_65 OS16 (batch 2) at crop 321, and for channel counts near
   xception's 728 (is a shape slow because of its width?);
+- conv1x1: a 1x1 convolution with both gradients as the towers build it
+  (a matmul of the pixels by the weights) and as TensorFlow's Conv2D, in
+  float32 and in bfloat16 (oneDNN's kernels of either may be faster for
+  a dtype), ms and GFLOP/s, for shapes of xception_65 OS16 (batch 2) and
+  mobilenet_v2 OS8 (batch 4) at crop 321;
 - reduce: the gradient of a per-channel offset added to an NHWC tensor
   (what a folded frozen BN's beta receives): tf.reduce_sum over N, H, W,
   BiasAddGrad, and a matmul with a row of ones;
@@ -74,6 +79,11 @@ MATMUL_SHAPES = (
     (2 * 81 * 81, 256, 256), (2 * 21 * 21, 728, 728),
     (2 * 21 * 21, 720, 720), (2 * 21 * 21, 768, 768),
     (2 * 21 * 21, 1536, 1536))
+# (NHWC input shape, output channels) of 1x1 convolutions.
+CONV1X1_CASES = (((2, 21, 21, 728), 728), ((2, 21, 21, 1536), 1536),
+                 ((2, 41, 41, 728), 728), ((2, 81, 81, 256), 256),
+                 ((4, 41, 41, 64), 384), ((4, 41, 41, 384), 64),
+                 ((4, 41, 41, 576), 96), ((4, 81, 81, 144), 24))
 REDUCE_SHAPES = ((2, 161, 161, 128), (2, 81, 81, 256), (2, 41, 41, 728),
                  (2, 21, 21, 728), (4, 161, 161, 96), (4, 41, 41, 576))
 # (NHWC shape, rate) of dilated depthwise convolutions.
@@ -161,6 +171,32 @@ def bench_matmul(config, repeats):
     flops = 2.0 * pixels * cin * cout
     print('  %-22s %s' % ((pixels, cin, cout), '  '.join(
         '%s %6.1f' % (name, flops / s / 1e9) for name, s in seconds.items())))
+
+
+def bench_conv1x1(config, repeats):
+  print('1x1 convolution, forward and both gradients, ms (GFLOP/s) '
+        '(input, outputs):')
+  for dtype in (tf.float32, tf.bfloat16):
+    for shape, outputs in CONV1X1_CASES:
+      with tf.Graph().as_default():
+        x = tf.Variable(tf.cast(_variable(shape, 0).initial_value, dtype))
+        w = tf.Variable(tf.cast(
+            _variable((1, 1, shape[3], outputs), 1).initial_value, dtype))
+        upstream = tf.Variable(tf.cast(
+            _variable(shape[:3] + (outputs,), 2).initial_value, dtype))
+        forms = {
+            'matmul': tf.reshape(
+                tf.matmul(tf.reshape(x, [-1, shape[3]]), w[0, 0]),
+                shape[:3] + (outputs,)),
+            'Conv2D': tf.nn.conv2d(x, w, [1, 1, 1, 1], 'SAME')}
+        ops = {name: tf.add_n([tf.cast(_scalar(t), tf.float32) for t in
+                               [y] + tf.gradients(y, [x, w], upstream)])
+               for name, y in forms.items()}
+        seconds = time_ops(ops, config, repeats)
+      flops = 3 * 2.0 * np.prod(shape) * outputs
+      print('  %-8s %-18s %4d  %s' % (dtype.name, shape, outputs, '  '.join(
+          '%s %6.2f (%3.0f)' % (name, s * 1e3, flops / s / 1e9)
+          for name, s in seconds.items())))
 
 
 def bench_reduce(config, repeats):
@@ -299,7 +335,8 @@ def bench_depthwise_filter_gradient(config, repeats):
                              values['as a convolution'])))
 
 
-BENCHES = {'matmul': bench_matmul, 'reduce': bench_reduce,
+BENCHES = {'matmul': bench_matmul, 'conv1x1': bench_conv1x1,
+           'reduce': bench_reduce,
            'atrous': bench_atrous, 'filter_gradient': bench_filter_gradient,
            'depthwise_filter_gradient': bench_depthwise_filter_gradient}
 

@@ -185,8 +185,9 @@ class BenchCommandJob:
     data: 'synthetic', 'sample' or 'dataset_dir' (see DATA_SOURCES).
     synthetic_images: images written for synthetic data.
     dataset_dir / dataset_info / split: the dataset_dir data source.
-    variants: settings compared, each in a child process; empty: measure
-      the flags' own setting here.
+    variants: settings compared, each in a child process, as (text as
+      given, --mixed_precision mode, XLA) from parse_variant; empty:
+      measure the flags' own setting here.
     child_flags: the command line a child process repeats.
     bench_json: also write the result lines to this file.
     child: this process is a child measuring one variant.
@@ -202,7 +203,7 @@ class BenchCommandJob:
   dataset_dir: Optional[str] = None
   dataset_info: Optional[datasets.DatasetInfo] = None
   split: str = 'train'
-  variants: Tuple[str, ...] = ()
+  variants: Tuple[Tuple[str, str, bool], ...] = ()
   child_flags: Tuple[str, ...] = ()
   bench_json: Optional[str] = None
   child: bool = False
@@ -393,9 +394,9 @@ def options_from_flags():
   train = train_flags.train_options().replace(tf_initial_checkpoint=None)
   for warning in config.check_training_setup(model_options, train):
     logging.warning('%s', app.user_message(warning, FLAG_NAMES))
-  variants = tuple(FLAGS.bench_variants or ())
-  for variant in variants:
-    parse_variant(variant)  # fail before starting any child
+  # Parsed here, so that a bad setting fails before any child starts.
+  variants = tuple((text,) + parse_variant(text)
+                   for text in FLAGS.bench_variants or ())
   return BenchCommandJob(
       model_options=model_options, train_options=train,
       preprocess_options=train_flags.preprocess_options(crop),
@@ -485,8 +486,7 @@ def run_variants(job):
   """
   results = []
   measured = {}  # (mode, xla) -> (variant, result)
-  for variant in job.variants:
-    mode, xla = parse_variant(variant)
+  for variant, mode, xla in job.variants:
     if (mode, xla) in measured:
       # E.g. none,auto where auto is none: the same child again would
       # measure the same thing.
