@@ -341,13 +341,19 @@ def _join(start_at, last_step, start_step, later=None):
     with tf.Session() as sess:
       sess.run(tf.global_variables_initializer())
       sess.run(assign, {value: start_at})
+      timer = None
       if later is not None:
-        threading.Timer(0.3, lambda: sess.run(assign, {value: later})).start()
+        timer = threading.Timer(0.3, lambda: sess.run(assign, {value: later}))
+        timer.start()
       hook = cluster_lib.JoinHook(step, last_step, start_step, poll_secs=0.05)
       coord = tf.train.Coordinator()
       started = time.time()
       hook.after_create_session(sess, coord)
       hook.waited = time.time() - started
+      if timer is not None:
+        # The hook can see the new step before the timer's run returns:
+        # closing the session under that run would cancel it.
+        timer.join()
       return hook, coord.should_stop()
 
 
