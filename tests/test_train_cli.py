@@ -224,7 +224,6 @@ def test_mixed_precision_auto_is_bf16_only_with_native_bf16(flags_line, mode):
     FLAGS.unparse_flags()
 
 
-
 def test_bf16_refused_where_onednn_would_abort(monkeypatch):
   # On an AVX-512 CPU with oneDNN capped below AVX512_CORE, a bf16 step
   # aborts the process: refused as bad input naming the flag and variable.

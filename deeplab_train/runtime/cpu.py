@@ -82,7 +82,6 @@ def auto_mixed_precision(features, environ=None):
       native, MEASURE_AUTO_GAIN)
 
 
-
 def choose_mixed_precision(mode, features=None, environ=None):
   """(mode, auto's reason, refusal) for a --mixed_precision value `mode`
   on a CPU with `features` (default: this machine's) in `environ`
@@ -99,6 +98,7 @@ def choose_mixed_precision(mode, features=None, environ=None):
     mode, reason = auto_mixed_precision(features, environ)
   refusal = bf16_refusal(features, environ) if mode == 'bf16' else None
   return mode, reason, refusal
+
 
 # oneDNN's cap on the instructions its kernels use: the first of these
 # set wins (ALL or a name it does not know caps nothing; any case).
