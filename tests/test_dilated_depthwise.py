@@ -2,7 +2,9 @@
 or in bands (layers.dilated_depthwise_in_bands): the same output and
 gradients as TensorFlow's space-to-batch form, only for the cases each
 covers, and in the training towers only where they run (oneDNN's CPU
-kernels; a CPU)."""
+kernels; a CPU). The input gradient of a strided depthwise convolution
+at stride 1 (layers.strided_depthwise_input_gradient_at_stride_1):
+TensorFlow's, and in the towers of bf16 graphs on a oneDNN CPU only."""
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -182,3 +184,63 @@ def test_towers_build_the_banded_form_on_a_cpu(monkeypatch, device, forms,
       with tf.Session() as sess:
         np.testing.assert_allclose(got, sess.run(want), rtol=1e-5,
                                    atol=1e-5)
+
+
+def _strided_input_gradient_ops(graph):
+  """The depthwise input gradient ops of `graph` at a stride above 1."""
+  return [op for op in graph.get_operations()
+          if op.type == 'DepthwiseConv2dNativeBackpropInput'
+          and list(op.get_attr('strides')) != [1, 1, 1, 1]]
+
+
+# (kernel, stride, padding, input shape, depth multiplier, whether the
+# stride-1 input gradient applies).
+STRIDED_CASES = {
+    '3x3 stride 2 SAME on 13x11': (3, 2, 'SAME', (2, 13, 11, 4), 1, True),
+    '3x3 stride 2 SAME on 12x10': (3, 2, 'SAME', (2, 12, 10, 4), 1, True),
+    '3x3 stride 2 VALID on 13x11': (3, 2, 'VALID', (2, 13, 11, 4), 1, True),
+    '3x3 stride 2 VALID on 12x10': (3, 2, 'VALID', (2, 12, 10, 4), 1, True),
+    '5x5 stride 2 SAME on 13x11': (5, 2, 'SAME', (1, 13, 11, 3), 1, True),
+    '5x5 stride 3 VALID on 14x13': (5, 3, 'VALID', (1, 14, 13, 3), 1, True),
+    '3x3 stride 3 SAME on 14x13': (3, 3, 'SAME', (1, 14, 13, 3), 1, True),
+    '2x2 stride 2 SAME on 13x11': (2, 2, 'SAME', (1, 13, 11, 3), 1, True),
+    '3x3 stride 2 multiplier 2': (3, 2, 'SAME', (2, 13, 11, 4), 2, False),
+    '3x3 stride 1': (3, 1, 'SAME', (2, 13, 11, 4), 1, False),
+}
+
+
+@pytest.mark.parametrize('name', sorted(STRIDED_CASES))
+def test_strided_input_gradient_at_stride_1_equals_tensorflows(name):
+  kernel, stride, padding, shape, multiplier, applies = STRIDED_CASES[name]
+
+  def output_and_gradients(at_stride_1):
+    def build(x):
+      with layers.strided_depthwise_input_gradient_at_stride_1(at_stride_1):
+        return layers.depthwise_conv2d(x, kernel, PLAIN, 'dw', stride=stride,
+                                       padding=padding,
+                                       depth_multiplier=multiplier,
+                                       use_bias=False)
+    return model_testing.layer_output_and_gradients(build, shape)
+
+  plain, plain_graph = output_and_gradients(False)
+  spread, spread_graph = output_and_gradients(True)
+  assert bool(_strided_input_gradient_ops(plain_graph)) == (stride > 1)
+  assert bool(_strided_input_gradient_ops(spread_graph)) == (
+      stride > 1 and not applies)
+  model_testing.assert_same_output_and_gradients(plain, spread)
+
+
+@pytest.mark.parametrize('mixed_precision', ['none', 'bf16'])
+def test_bf16_training_towers_take_strided_input_gradients_at_stride_1(
+    monkeypatch, mixed_precision):
+  """mobilenet_v2's stride-2 depthwise convolutions: their input gradients
+  run at stride 1 in a graph for the bf16 rewrite on a oneDNN CPU only."""
+  for onednn in (True, False):
+    monkeypatch.setattr(session_config, 'onednn_kernels_on', lambda: onednn)
+    graph = _mobilenet_os8_training_graph(mixed_precision).graph
+    strided = _strided_input_gradient_ops(graph)
+    if mixed_precision == 'bf16' and onednn:
+      assert not strided
+    else:
+      # expanded_conv_1 and _3.
+      assert len(strided) == 2, [op.name for op in strided]

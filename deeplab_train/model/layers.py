@@ -281,6 +281,25 @@ def filter_gradient_as_matmul(enabled=True):
 
 
 @contextlib.contextmanager
+def strided_depthwise_input_gradient_at_stride_1(enabled=True):
+  """Context in which a strided depthwise convolution's input gradient is
+  computed at stride 1, on the output gradient spread out by the stride
+  (strided_depthwise_spread_input_gradient).
+
+  oneDNN's bfloat16 kernel for the input gradient of a strided depthwise
+  convolution is many times slower than its float32 one, where its
+  stride-1 and forward bfloat16 kernels are as fast or faster: for
+  mobilenet_v2's first stride-2 layer (4x161x161x96) it took 49 ms in
+  bf16 against 2 ms in fp32, and this form about 6 ms (Xeon with AMX; the
+  same with oneDNN capped at AVX512_CORE_BF16; docs/speed.md). Entered by
+  the training towers of graphs built for grappler's bf16 rewrite on a CPU
+  with oneDNN's kernels; in float32 TensorFlow's kernel is faster.
+  """
+  with _setting('strided_input_gradient_at_stride_1', enabled):
+    yield
+
+
+@contextlib.contextmanager
 def _setting(name, value):
   before = getattr(_state, name, False)
   setattr(_state, name, value)
@@ -490,6 +509,11 @@ def depthwise_conv2d(x, kernel_size, params: ConvParams, scope,
     if (getattr(_state, 'one_op_dilation', False) and same_odd_fp32
         and 1 < max(rates) <= MAX_ONE_OP_RATE):
       y = dilated_depthwise_one_op(x, w, rates)
+    elif (getattr(_state, 'strided_input_gradient_at_stride_1', False)
+          and stride > 1 and depth_multiplier == 1 and max(rates) == 1
+          and None not in x.shape[1:3].as_list()):
+      y = strided_depthwise_spread_input_gradient(
+          x, _compute_dtype(x, w), stride, padding)
     elif (getattr(_state, 'banded_dilation', False) and same_odd_fp32
           and _bands_pay(x.shape, rates)):
       y = dilated_depthwise_by_bands(x, w, rates)
@@ -528,6 +552,71 @@ def dilated_depthwise_one_op(x, w, rates):
       return dx, dw
     return tf.nn.depthwise_conv2d_native(
         x, w, strides, 'SAME', dilations=dilations), grad
+
+  return conv(x, w)
+
+
+def _strided_extent(size, kernel, stride, padding):
+  """(outputs, padding before) of one dimension of a strided convolution
+  with 'SAME' or 'VALID' padding."""
+  if padding == 'VALID':
+    return (size - kernel) // stride + 1, 0
+  outputs = -(-size // stride)
+  return outputs, max((outputs - 1) * stride + kernel - size, 0) // 2
+
+
+def _pad_or_crop(x, rows, cols):
+  """x padded with zeros by (before, after) rows and columns; a negative
+  `after` drops that many from the end instead."""
+  (top, bottom), (left, right) = rows, cols
+  x = tf.pad(x, [[0, 0], [top, max(bottom, 0)], [left, max(right, 0)],
+                 [0, 0]])
+  if bottom < 0 or right < 0:
+    x = x[:, :int(x.shape[1]) + min(bottom, 0),
+          :int(x.shape[2]) + min(right, 0)]
+  return x
+
+
+def _spread(dy, stride):
+  """dy with stride-1 zeros after each row and each column: what a
+  stride-1 convolution sees of a strided one's output gradient."""
+  rows, cols, channels = [int(d) for d in dy.shape[1:]]
+  y = tf.reshape(dy, [-1, rows, 1, cols, 1, channels])
+  y = tf.pad(y, [[0, 0], [0, 0], [0, stride - 1], [0, 0], [0, stride - 1],
+                 [0, 0]])
+  return tf.reshape(y, [-1, rows * stride, cols * stride, channels])
+
+
+def strided_depthwise_spread_input_gradient(x, w, stride, padding):
+  """A strided depthwise convolution (depth multiplier 1, no dilation,
+  'SAME' or 'VALID', known height and width) whose input gradient runs at
+  stride 1 (`strided_depthwise_input_gradient_at_stride_1`).
+
+  Output o reads input o * stride + t - before through tap t, so with u
+  the output gradient spread by the stride (`_spread`) the input gradient
+  is the stride-1 correlation of u, padded by kernel - 1 - before, with the
+  kernel flipped in space. The forward op and the filter gradient are
+  TensorFlow's; tests/test_dilated_depthwise.py compares the gradients
+  with TensorFlow's.
+  """
+  kh, kw = int(w.shape[0]), int(w.shape[1])
+  height, width = int(x.shape[1]), int(x.shape[2])
+  out_h, top = _strided_extent(height, kh, stride, padding)
+  out_w, left = _strided_extent(width, kw, stride, padding)
+  strides = [1, stride, stride, 1]
+
+  @tf.custom_gradient
+  def conv(x, w):
+    def grad(dy):
+      u = _pad_or_crop(_spread(dy, stride),
+                       (kh - 1 - top, height + top - out_h * stride),
+                       (kw - 1 - left, width + left - out_w * stride))
+      dx = tf.nn.depthwise_conv2d_native(u, tf.reverse(w, [0, 1]),
+                                         [1, 1, 1, 1], 'VALID')
+      dw = tf.nn.depthwise_conv2d_native_backprop_filter(
+          x, tf.shape(w), dy, strides, padding)
+      return dx, dw
+    return tf.nn.depthwise_conv2d_native(x, w, strides, padding), grad
 
   return conv(x, w)
 

@@ -221,12 +221,14 @@ def build_training_graph(model_options, train_options, *, ignore_label,
     # The oneDNN forms are for fp32: under grappler's bf16 rewrite the
     # dilated depthwise op ran on TensorFlow's own kernel, which refuses
     # dilations (AVX2 CPU); with native bf16 (AVX512_BF16) it ran, but the
-    # forms made the bf16 step slower (docs/speed.md).
+    # forms made the bf16 step slower (docs/speed.md). The bf16 rewrite
+    # has forms of its own.
     towers = towers_lib.build_towers(
         tower_fn, towers_lib.tower_devices(
             train_options.num_clones, train_options.clone_on_cpu,
             device_pattern), variables_device,
-        onednn_forms=train_options.mixed_precision == 'none')
+        onednn_forms=train_options.mixed_precision == 'none',
+        bf16_forms=train_options.mixed_precision == 'bf16')
     model_variables = [v for v in tf.global_variables() if v not in before]
     trainable = [v for v in tf.trainable_variables() if v not in before]
     with tf.name_scope('train') as train_scope:

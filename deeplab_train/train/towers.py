@@ -105,7 +105,7 @@ def runs_on_onednn_cpu(device):
 
 
 def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
-                 onednn_forms=True):
+                 onednn_forms=True, bf16_forms=False):
   """Builds one tower per device.
 
   Args:
@@ -119,6 +119,10 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
       dilated depthwise convolutions (layers.dilated_depthwise_in_bands);
       False: none does. Towers on a CPU score each image in ops of its own
       (losses_lib.per_image) either way.
+    bf16_forms: the graph is for grappler's bf16 rewrite: towers whose
+      device runs oneDNN's CPU kernels compute the gradients of strided
+      depthwise convolutions at stride 1, where oneDNN's bfloat16 kernels
+      are fast (layers.strided_depthwise_input_gradient_at_stride_1).
 
   Returns:
     A list of `Tower`.
@@ -130,14 +134,17 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
     with tf.variable_scope(tf.get_variable_scope(), reuse=True if i else None):
       with tf.name_scope('tower_%d' % i) as name_scope:
         with tf.device(device_chooser(device, variables_device)):
-          on_onednn = onednn_forms and runs_on_onednn_cpu(device)
+          onednn_cpu = runs_on_onednn_cpu(device)
+          on_onednn = onednn_forms and onednn_cpu
           with layers.recording() as rec, \
               losses_lib.per_image(runs_on_cpu(device)), \
               layers.folding_frozen_batch_norm(), \
               layers.dilated_depthwise_in_one_op(on_onednn), \
               layers.dilated_depthwise_in_bands(
                   onednn_forms and runs_on_cpu(device)), \
-              layers.filter_gradient_as_matmul(on_onednn):
+              layers.filter_gradient_as_matmul(on_onednn), \
+              layers.strided_depthwise_input_gradient_at_stride_1(
+                  bf16_forms and onednn_cpu):
             data_loss, losses, outputs = tower_fn(i)
     towers.append(Tower(i, device, name_scope, data_loss, losses, outputs,
                         list(rec.regularization_losses),
