@@ -3,7 +3,8 @@
 
     python benchmarks/kernel_choices.py [--only matmul,conv1x1,reduce,
                                                atrous,filter_gradient,
-                                               depthwise_filter_gradient]
+                                               depthwise_filter_gradient,
+                                               strided_depthwise]
                                         [--repeats 15] [--threads 2]
 
 Measures, on this machine and with the settings of the deeplab-* commands
@@ -45,7 +46,14 @@ weighs before changing how the model builds an op:
   depthwise convolution of the padded input with the output gradient as
   its kernel (depthwise_filter_gradient_by_conv), for the shapes of
   xception_65 OS16 (ASPP, exit flow, middle flow, entry flow, decoder) and
-  mobilenet_v2 OS8, with the largest relative difference.
+  mobilenet_v2 OS8, with the largest relative difference;
+- strided_depthwise: a stride-2 3x3 depthwise convolution ('SAME') with
+  both gradients as TensorFlow builds it and with the input gradient at
+  stride 1 (layers.strided_depthwise_spread_input_gradient, what the
+  towers of bf16 graphs use on a oneDNN CPU), in float32 and in bfloat16,
+  for the stride-2 layers of mobilenet_v2 (batch 4) and xception_65
+  (batch 2) at crop 321, with the largest relative difference of the
+  input gradient.
 
 Each figure is the best of three medians of --repeats runs of one op in
 its own graph, after warm-up; the inputs are variables, so that grappler
@@ -99,6 +107,11 @@ DEPTHWISE_FILTER_CASES = (
     ((2, 21, 21, 1536), 2), ((2, 21, 21, 728), 1), ((2, 161, 161, 128), 1),
     ((2, 81, 81, 304), 1), ((4, 161, 161, 96), 1), ((4, 41, 41, 576), 2),
     ((4, 41, 41, 960), 4))
+# NHWC inputs of stride-2 depthwise convolutions: mobilenet_v2's
+# expanded_conv_1 and _3, xception_65's entry flow blocks 1-3 (padded).
+STRIDED_DEPTHWISE_SHAPES = ((4, 161, 161, 96), (4, 81, 81, 144),
+                            (2, 163, 163, 128), (2, 83, 83, 256),
+                            (2, 43, 43, 728))
 # (NHWC input, kernel, output channels, stride, padding) of convolutions.
 FILTER_GRADIENT_CASES = (
     ((2, 161, 161, 32), 3, 64, 1, 'SAME'),    # xception_65 entry conv1_2
@@ -335,10 +348,42 @@ def bench_depthwise_filter_gradient(config, repeats):
                              values['as a convolution'])))
 
 
+def bench_strided_depthwise(config, repeats):
+  print('stride-2 3x3 depthwise convolution, forward and both gradients, '
+        'ms (input):')
+  for dtype in (tf.float32, tf.bfloat16):
+    for shape in STRIDED_DEPTHWISE_SHAPES:
+      with tf.Graph().as_default():
+        out_shape = (shape[0], (shape[1] + 1) // 2, (shape[2] + 1) // 2,
+                     shape[3])
+        x, w, upstream = [
+            tf.Variable(tf.cast(_variable(s, seed).initial_value, dtype))
+            for seed, s in enumerate((shape, (3, 3, shape[3], 1), out_shape))]
+        forms = {'TensorFlow': tf.nn.depthwise_conv2d_native(
+                     x, w, [1, 2, 2, 1], 'SAME'),
+                 'input gradient at stride 1':
+                     layers.strided_depthwise_spread_input_gradient(
+                         x, w, 2, 'SAME')}
+        grads = {name: tf.gradients(y, [x, w], upstream)
+                 for name, y in forms.items()}
+        ops = {name: tf.add_n([tf.cast(_scalar(t), tf.float32)
+                               for t in [forms[name]] + grads[name]])
+               for name in forms}
+        seconds, values = time_and_fetch(
+            ops, {name: tf.cast(g[0], tf.float32)
+                  for name, g in grads.items()}, config, repeats)
+      print('  %-8s %-18s %s  (largest relative difference: %.1e)' % (
+          dtype.name, shape, '  '.join(
+              '%s %6.2f' % (name, s * 1e3) for name, s in seconds.items()),
+          _relative_difference(values['TensorFlow'],
+                               values['input gradient at stride 1'])))
+
+
 BENCHES = {'matmul': bench_matmul, 'conv1x1': bench_conv1x1,
            'reduce': bench_reduce,
            'atrous': bench_atrous, 'filter_gradient': bench_filter_gradient,
-           'depthwise_filter_gradient': bench_depthwise_filter_gradient}
+           'depthwise_filter_gradient': bench_depthwise_filter_gradient,
+           'strided_depthwise': bench_strided_depthwise}
 
 
 def main():

@@ -288,12 +288,15 @@ def strided_depthwise_input_gradient_at_stride_1(enabled=True):
 
   oneDNN's bfloat16 kernel for the input gradient of a strided depthwise
   convolution is many times slower than its float32 one, where its
-  stride-1 and forward bfloat16 kernels are as fast or faster: for
-  mobilenet_v2's first stride-2 layer (4x161x161x96) it took 49 ms in
-  bf16 against 2 ms in fp32, and this form about 6 ms (Xeon with AMX; the
-  same with oneDNN capped at AVX512_CORE_BF16; docs/speed.md). Entered by
-  the training towers of graphs built for grappler's bf16 rewrite on a CPU
-  with oneDNN's kernels; in float32 TensorFlow's kernel is faster.
+  stride-1 and forward bfloat16 kernels are as fast or faster: alone, the
+  input gradient of mobilenet_v2's first stride-2 layer (4x161x161x96)
+  took 49 ms in bf16 against 2 ms in fp32; the layer's forward op and
+  both gradients 53 ms in bf16, 8 ms in this form, 6 ms in fp32 (`python
+  benchmarks/kernel_choices.py --only strided_depthwise`; Xeon with AMX,
+  the same with oneDNN capped at AVX512_CORE_BF16; docs/speed.md).
+  Entered by the training towers of graphs built for grappler's bf16
+  rewrite on a CPU with oneDNN's kernels; in float32 TensorFlow's kernels
+  are faster (12.6 ms in this form).
   """
   with _setting('strided_input_gradient_at_stride_1', enabled):
     yield
