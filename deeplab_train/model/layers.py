@@ -581,7 +581,7 @@ def _pad_or_crop(x, rows, cols):
 
 
 def _spread(dy, stride):
-  """dy with stride-1 zeros after each row and each column: what a
+  """dy with stride - 1 zeros after each of its rows and columns: what a
   stride-1 convolution sees of a strided one's output gradient."""
   rows, cols, channels = [int(d) for d in dy.shape[1:]]
   y = tf.reshape(dy, [-1, rows, 1, cols, 1, channels])

@@ -120,9 +120,9 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
       False: none does. Towers on a CPU score each image in ops of its own
       (losses_lib.per_image) either way.
     bf16_forms: the graph is for grappler's bf16 rewrite: towers whose
-      device runs oneDNN's CPU kernels compute the gradients of strided
-      depthwise convolutions at stride 1, where oneDNN's bfloat16 kernels
-      are fast (layers.strided_depthwise_input_gradient_at_stride_1).
+      device runs oneDNN's CPU kernels compute the input gradients of
+      strided depthwise convolutions at stride 1, where oneDNN's bfloat16
+      kernels are fast (layers.strided_depthwise_input_gradient_at_stride_1).
 
   Returns:
     A list of `Tower`.
