@@ -125,9 +125,11 @@ FILTER_GRADIENT_CASES = (
 )
 
 
-def _variable(shape, seed):
+def _variable(shape, seed, dtype=tf.float32):
+  """A variable of `dtype` holding standard normal values of `seed`."""
   rng = np.random.RandomState(seed)
-  return tf.Variable(rng.standard_normal(shape).astype(np.float32))
+  return tf.Variable(tf.cast(rng.standard_normal(shape).astype(np.float32),
+                             dtype))
 
 
 def _depthwise_inputs(shape):
@@ -192,11 +194,9 @@ def bench_conv1x1(config, repeats):
   for dtype in (tf.float32, tf.bfloat16):
     for shape, outputs in CONV1X1_CASES:
       with tf.Graph().as_default():
-        x = tf.Variable(tf.cast(_variable(shape, 0).initial_value, dtype))
-        w = tf.Variable(tf.cast(
-            _variable((1, 1, shape[3], outputs), 1).initial_value, dtype))
-        upstream = tf.Variable(tf.cast(
-            _variable(shape[:3] + (outputs,), 2).initial_value, dtype))
+        x = _variable(shape, 0, dtype)
+        w = _variable((1, 1, shape[3], outputs), 1, dtype)
+        upstream = _variable(shape[:3] + (outputs,), 2, dtype)
         forms = {
             'matmul': tf.reshape(
                 tf.matmul(tf.reshape(x, [-1, shape[3]]), w[0, 0]),
@@ -354,16 +354,14 @@ def bench_strided_depthwise(config, repeats):
   for dtype in (tf.float32, tf.bfloat16):
     for shape in STRIDED_DEPTHWISE_SHAPES:
       with tf.Graph().as_default():
-        out_shape = (shape[0], (shape[1] + 1) // 2, (shape[2] + 1) // 2,
-                     shape[3])
-        x, w, upstream = [
-            tf.Variable(tf.cast(_variable(s, seed).initial_value, dtype))
-            for seed, s in enumerate((shape, (3, 3, shape[3], 1), out_shape))]
+        x = _variable(shape, 0, dtype)
+        w = _variable((3, 3, shape[3], 1), 1, dtype)
         forms = {'TensorFlow': tf.nn.depthwise_conv2d_native(
                      x, w, [1, 2, 2, 1], 'SAME'),
                  'input gradient at stride 1':
                      layers.strided_depthwise_spread_input_gradient(
                          x, w, 2, 'SAME')}
+        upstream = _variable(forms['TensorFlow'].shape.as_list(), 2, dtype)
         grads = {name: tf.gradients(y, [x, w], upstream)
                  for name, y in forms.items()}
         ops = {name: tf.add_n([tf.cast(_scalar(t), tf.float32)
