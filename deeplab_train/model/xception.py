@@ -118,7 +118,8 @@ def _xception_module(inputs, block, stride, rate, unit_rates, params,
       else:
         # Pre-activation: the ReLU runs on the conv's input, the separable
         # conv itself is linear after BN (clipped when bounded).
-        residual = tf.nn.relu6(residual) if bounded else tf.nn.relu(residual)
+        residual = layers.activate(tf.nn.relu6 if bounded else tf.nn.relu,
+                                   residual)
         activation = ((lambda t: tf.clip_by_value(t, -_CLIP_CAP, _CLIP_CAP))
                       if bounded else None)
       residual = _separable_conv(

@@ -228,7 +228,9 @@ def build_training_graph(model_options, train_options, *, ignore_label,
             train_options.num_clones, train_options.clone_on_cpu,
             device_pattern), variables_device,
         onednn_forms=train_options.mixed_precision == 'none',
-        bf16_forms=train_options.mixed_precision == 'bf16')
+        bf16_forms=train_options.mixed_precision == 'bf16',
+        xla_activations=(train_options.mixed_precision == 'bf16'
+                         and not train_options.use_xla))
     model_variables = [v for v in tf.global_variables() if v not in before]
     trainable = [v for v in tf.trainable_variables() if v not in before]
     with tf.name_scope('train') as train_scope:

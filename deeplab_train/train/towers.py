@@ -105,7 +105,7 @@ def runs_on_onednn_cpu(device):
 
 
 def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
-                 onednn_forms=True, bf16_forms=False):
+                 onednn_forms=True, bf16_forms=False, xla_activations=False):
   """Builds one tower per device.
 
   Args:
@@ -123,6 +123,9 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
       device runs oneDNN's CPU kernels compute the input gradients of
       strided depthwise convolutions at stride 1, where oneDNN's bfloat16
       kernels are fast (layers.strided_depthwise_input_gradient_at_stride_1).
+    xla_activations: towers whose device runs oneDNN's CPU kernels compile
+      their activations with XLA (layers.activations_in_xla): for graphs
+      built for grappler's bf16 rewrite, not compiled whole by XLA.
 
   Returns:
     A list of `Tower`.
@@ -144,7 +147,8 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
                   onednn_forms and runs_on_cpu(device)), \
               layers.filter_gradient_as_matmul(on_onednn), \
               layers.strided_depthwise_input_gradient_at_stride_1(
-                  bf16_forms and onednn_cpu):
+                  bf16_forms and onednn_cpu), \
+              layers.activations_in_xla(xla_activations and onednn_cpu):
             data_loss, losses, outputs = tower_fn(i)
     towers.append(Tower(i, device, name_scope, data_loss, losses, outputs,
                         list(rec.regularization_losses),
