@@ -11,8 +11,10 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from deeplab_train.config import ModelOptions
+from deeplab_train.config import TrainOptions
 from deeplab_train.model import deeplab
 from deeplab_train.model import layers
+from deeplab_train.train import graph as graph_lib
 
 
 MANIFEST_NAMES = (
@@ -192,3 +194,30 @@ def assert_same_output_and_gradients(expected, got, tolerance=1e-5):
     scale = float(np.max(np.abs(a)))
     np.testing.assert_allclose(b, a, rtol=0, atol=tolerance * scale,
                                err_msg=label)
+
+
+def small_training_graph(model_variant='mobilenet_v2', output_stride=8,
+                         fine_tune_batch_norm=True, mixed_precision='none',
+                         use_xla=False, **model_fields):
+  """The TrainingGraph of a small network (crop 33, 3 classes, batch 2) on
+  CPU towers, fed zero images; `model_fields` go to ModelOptions."""
+  model = ModelOptions(
+      num_classes=3, model_variant=model_variant, crop_size=(33, 33),
+      output_stride=output_stride, **model_fields).validate()
+  train = TrainOptions(
+      train_batch_size=2, training_number_of_steps=10,
+      fine_tune_batch_norm=fine_tune_batch_norm, clone_on_cpu=True,
+      mixed_precision=mixed_precision, use_xla=use_xla).validate()
+
+  def input_fn():
+    return {'image': tf.zeros([2, 33, 33, 3]),
+            'label': tf.zeros([2, 33, 33, 1], tf.int32)}
+  return graph_lib.build_training_graph(model, train, ignore_label=255,
+                                        input_fn=input_fn)
+
+
+def mobilenet_v2_os8_training_graph(mixed_precision, use_xla=False):
+  """small_training_graph of mobilenet_v2 OS8, depth multiplier 0.25,
+  trained BN."""
+  return small_training_graph(mixed_precision=mixed_precision,
+                              use_xla=use_xla, depth_multiplier=0.25)

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from deeplab_train import config
 from deeplab_train.model import layers
-from deeplab_train.train import graph as graph_lib
+
+import model_testing
 
 CHANNELS = 6
 
@@ -83,18 +83,9 @@ def test_folded_frozen_batch_norm_equals_the_batch_norm_op(name):
 
 def _training_graph(fine_tune_batch_norm, model_variant='mobilenet_v2',
                     **model_fields):
-  model = config.ModelOptions(
-      num_classes=3, model_variant=model_variant, crop_size=(33, 33),
-      output_stride=16, **model_fields).validate()
-  train = config.TrainOptions(
-      train_batch_size=2, training_number_of_steps=10,
-      fine_tune_batch_norm=fine_tune_batch_norm, clone_on_cpu=True).validate()
-
-  def input_fn():
-    return {'image': tf.zeros([2, 33, 33, 3]),
-            'label': tf.zeros([2, 33, 33, 1], tf.int32)}
-  return graph_lib.build_training_graph(model, train, ignore_label=255,
-                                        input_fn=input_fn)
+  return model_testing.small_training_graph(
+      model_variant, output_stride=16,
+      fine_tune_batch_norm=fine_tune_batch_norm, **model_fields)
 
 
 def _training_graph_op_types(fine_tune_batch_norm):

@@ -9,10 +9,8 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from deeplab_train import config
 from deeplab_train.model import layers
 from deeplab_train.runtime import session_config
-from deeplab_train.train import graph as graph_lib
 from deeplab_train.train import towers
 
 import model_testing
@@ -79,27 +77,11 @@ def test_towers_choose_the_one_op_form_by_device(monkeypatch, onednn):
   assert towers.runs_on_onednn_cpu('/cpu:1') == onednn
 
 
-def _mobilenet_os8_training_graph(mixed_precision):
-  model = config.ModelOptions(
-      num_classes=3, model_variant='mobilenet_v2', crop_size=(33, 33),
-      output_stride=8, depth_multiplier=0.25).validate()
-  train = config.TrainOptions(
-      train_batch_size=2, training_number_of_steps=10,
-      fine_tune_batch_norm=True, clone_on_cpu=True,
-      mixed_precision=mixed_precision).validate()
-
-  def input_fn():
-    return {'image': tf.zeros([2, 33, 33, 3]),
-            'label': tf.zeros([2, 33, 33, 1], tf.int32)}
-  return graph_lib.build_training_graph(model, train, ignore_label=255,
-                                        input_fn=input_fn)
-
-
 def test_training_towers_run_the_one_op_form_where_onednn_runs():
   """mobilenet_v2 OS8 has depthwise rates 2 and 4: its fp32 training graph
   computes them in one op exactly when this process runs oneDNN's kernels,
   and a step runs; a graph for the bf16 rewrite keeps space-to-batch."""
-  built = _mobilenet_os8_training_graph('none')
+  built = model_testing.mobilenet_v2_os8_training_graph('none')
   dilated = _dilated_ops(built.graph)
   rates = {tuple(op.get_attr('dilations'))[1] for op in dilated}
   assert rates == ({2, 4} if ONEDNN_ON else set()), rates
@@ -108,7 +90,7 @@ def test_training_towers_run_the_one_op_form_where_onednn_runs():
     sess.run(tf.global_variables_initializer())
     _, loss = sess.run([built.train_op, built.total_loss])
   assert np.isfinite(loss)
-  assert not _dilated_ops(_mobilenet_os8_training_graph('bf16').graph)
+  assert not _dilated_ops(model_testing.mobilenet_v2_os8_training_graph('bf16').graph)
 
 
 def _space_to_batch_ops(graph):
@@ -237,7 +219,7 @@ def test_bf16_training_towers_take_strided_input_gradients_at_stride_1(
   run at stride 1 in a graph for the bf16 rewrite on a oneDNN CPU only."""
   for onednn in (True, False):
     monkeypatch.setattr(session_config, 'onednn_kernels_on', lambda: onednn)
-    graph = _mobilenet_os8_training_graph(mixed_precision).graph
+    graph = model_testing.mobilenet_v2_os8_training_graph(mixed_precision).graph
     strided = _strided_input_gradient_ops(graph)
     if mixed_precision == 'bf16' and onednn:
       assert not strided

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
 
-from deeplab_train import config
 from deeplab_train.model import layers
 from deeplab_train.runtime import session_config
-from deeplab_train.train import graph as graph_lib
+
+import model_testing
 
 ACTIVATIONS = {'relu': tf.nn.relu, 'relu6': tf.nn.relu6}
 
@@ -54,22 +54,6 @@ def test_compiled_activation_equals_tensorflows(name, dtype):
   assert (got[True][1].flat[1] == 0) == (name == 'relu6')
 
 
-def _mobilenet_training_graph(mixed_precision, use_xla=False):
-  model = config.ModelOptions(
-      num_classes=3, model_variant='mobilenet_v2', crop_size=(33, 33),
-      output_stride=16, depth_multiplier=0.25).validate()
-  train = config.TrainOptions(
-      train_batch_size=2, training_number_of_steps=10,
-      fine_tune_batch_norm=True, clone_on_cpu=True,
-      mixed_precision=mixed_precision, use_xla=use_xla).validate()
-
-  def input_fn():
-    return {'image': tf.zeros([2, 33, 33, 3]),
-            'label': tf.zeros([2, 33, 33, 1], tf.int32)}
-  return graph_lib.build_training_graph(model, train, ignore_label=255,
-                                        input_fn=input_fn).graph
-
-
 @pytest.mark.parametrize('mixed_precision', ['none', 'bf16'])
 def test_bf16_training_towers_compile_their_activations(monkeypatch,
                                                         mixed_precision):
@@ -78,7 +62,8 @@ def test_bf16_training_towers_compile_their_activations(monkeypatch,
   cluster of its own; none otherwise."""
   for onednn in (True, False):
     monkeypatch.setattr(session_config, 'onednn_kernels_on', lambda: onednn)
-    graph = _mobilenet_training_graph(mixed_precision)
+    graph = model_testing.mobilenet_v2_os8_training_graph(
+        mixed_precision).graph
     forward = _activation_ops(graph, ('Relu', 'Relu6'))
     backward = _activation_ops(graph, ('ReluGrad', 'Relu6Grad'))
     assert len(forward) > 30 and len(backward) == len(forward)
@@ -95,7 +80,8 @@ def test_whole_network_compiled_keeps_one_scope(monkeypatch):
   """With --use_xla the network is one cluster: the activations stay in its
   scope rather than splitting it into clusters of their own."""
   monkeypatch.setattr(session_config, 'onednn_kernels_on', lambda: True)
-  graph = _mobilenet_training_graph('bf16', use_xla=True)
+  graph = model_testing.mobilenet_v2_os8_training_graph(
+      'bf16', use_xla=True).graph
   forward = _activation_ops(graph, ('Relu', 'Relu6'))
   assert forward and all(_compiled(op) for op in forward)
   assert len({op.get_attr('_XlaScope') for op in forward}) == 1

@@ -310,11 +310,11 @@ def activations_in_xla(enabled=True):
 
   TensorFlow's CPU kernels for ReLU, ReLU6 and their gradients are several
   times slower in bfloat16 than in float32 (they convert element by
-  element); XLA's are as fast as the float32 ones, with the same values:
-  alone, ReLU6 of 4x161x161x96 took 8.7 ms in bf16 and 1.6 ms compiled,
-  its gradient 17.3 and 2.8 ms (Xeon with AMX; docs/speed.md). In float32
-  XLA made the step slower (it takes the activations out of grappler's
-  fused oneDNN ops). Entered by the training towers of graphs built for
+  element); XLA's are 1.3-3.7x faster, with the same values: alone,
+  ReLU6 of 4x161x161x96 with its gradient took 11.7 ms in bf16 and 3.2
+  ms compiled (`python benchmarks/kernel_choices.py --only activations`,
+  Xeon with AMX; docs/speed.md). In float32 XLA's were slower, and so was
+  the step. Entered by the training towers of graphs built for
   grappler's bf16 rewrite on a CPU with oneDNN's kernels, unless the whole
   network is compiled (--use_xla), whose one cluster these would split.
   """
