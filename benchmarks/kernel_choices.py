@@ -4,7 +4,8 @@
     python benchmarks/kernel_choices.py [--only matmul,conv1x1,reduce,
                                                atrous,filter_gradient,
                                                depthwise_filter_gradient,
-                                               strided_depthwise]
+                                               strided_depthwise,
+                                               activations]
                                         [--repeats 15] [--threads 2]
 
 Measures, on this machine and with the settings of the deeplab-* commands
@@ -53,7 +54,13 @@ weighs before changing how the model builds an op:
   towers of bf16 graphs use on a oneDNN CPU), in float32 and in bfloat16,
   for the stride-2 layers of mobilenet_v2 (batch 4) and xception_65
   (batch 2) at crop 321, with the largest relative difference of the
-  input gradient.
+  input gradient;
+- activations: ReLU and ReLU6 with their gradients on TensorFlow's
+  kernels and compiled by XLA (layers.activate inside
+  layers.activations_in_xla, what the towers of bf16 graphs use on a
+  oneDNN CPU), in float32 and in bfloat16, for activation shapes of
+  mobilenet_v2 OS8 (batch 4) and xception_65 OS16 (batch 2) at crop 321,
+  with whether the values are the same.
 
 Each figure is the best of three medians of --repeats runs of one op in
 its own graph, after warm-up; the inputs are variables, so that grappler
@@ -377,11 +384,50 @@ def bench_strided_depthwise(config, repeats):
                                values['input gradient at stride 1'])))
 
 
+# Activation shapes: mobilenet_v2 OS8 batch 4 (expanded_conv_1's
+# expansion, expanded_conv_3's, a dilated block's) and xception_65's entry
+# flow block1 and middle flow, batch 2, crop 321.
+ACTIVATION_SHAPES = (
+    (4, 161, 161, 96), (4, 81, 81, 144), (4, 41, 41, 576),
+    (2, 161, 161, 128), (2, 21, 21, 728),
+)
+
+
+def bench_activations(config, repeats):
+  print('activation and its gradient, ms (TensorFlow / XLA):')
+  for dtype in (tf.float32, tf.bfloat16):
+    for shape in ACTIVATION_SHAPES:
+      row = []
+      for name, activation in (('relu', tf.nn.relu), ('relu6', tf.nn.relu6)):
+        with tf.Graph().as_default():
+          # Four times a standard normal: some of it above ReLU6's cap.
+          x = tf.Variable(tf.cast(4 * np.random.RandomState(0).standard_normal(
+              shape).astype(np.float32), dtype))
+          upstream = _variable(shape, 2, dtype)
+          ops, values = {}, {}
+          for compiled in (False, True):
+            with layers.activations_in_xla(compiled):
+              y = layers.activate(activation, x)
+            (dx,) = tf.gradients(y, x, upstream)
+            ops[compiled] = tf.add(tf.cast(_scalar(y), tf.float32),
+                                   tf.cast(_scalar(dx), tf.float32))
+            values[compiled] = [tf.cast(y, tf.float32),
+                                tf.cast(dx, tf.float32)]
+          seconds, fetched = time_and_fetch(ops, values, config, repeats)
+        same = all(np.array_equal(a, b)
+                   for a, b in zip(fetched[False], fetched[True]))
+        row.append('%s %6.2f / %6.2f%s' % (
+            name, seconds[False] * 1e3, seconds[True] * 1e3,
+            '' if same else ' (values differ)'))
+      print('  %-8s %-18s %s' % (dtype.name, shape, '  '.join(row)))
+
+
 BENCHES = {'matmul': bench_matmul, 'conv1x1': bench_conv1x1,
            'reduce': bench_reduce,
            'atrous': bench_atrous, 'filter_gradient': bench_filter_gradient,
            'depthwise_filter_gradient': bench_depthwise_filter_gradient,
-           'strided_depthwise': bench_strided_depthwise}
+           'strided_depthwise': bench_strided_depthwise,
+           'activations': bench_activations}
 
 
 def main():
