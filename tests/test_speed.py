@@ -178,6 +178,10 @@ def test_bf16_rewrite_keeps_loss_fp32_and_loss_falls():
   config_bf16 = session_lib.make_session_config('bf16')
   partitions = []
   losses = _train_losses(g, config_bf16, 8, partitions=partitions)
+  if session_lib.onednn_kernels_on():
+    # The activations and their gradients ran compiled by XLA
+    # (layers.activations_in_xla).
+    assert '_XlaRun' in _run_ops(partitions)
   if _cpu_has_bf16():
     dtypes = _partition_dtypes(partitions)
     # 3x3 convolutions and the 1x1 ones (run as MatMul) both in bf16.
