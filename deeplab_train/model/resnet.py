@@ -80,7 +80,7 @@ def _bottleneck(inputs, depth, stride, rate, params, end_points):
     # the decoder projects.
     net = end_points.add('conv3', layers.conv2d(
         net, depth, 1, params, 'conv3', activation=None))
-    return end_points.add(None, tf.nn.relu(shortcut + net))
+    return end_points.add(None, layers.activate(tf.nn.relu, shortcut + net))
 
 
 def _lite_bottleneck(inputs, depth, stride, rate, params, end_points):
@@ -93,7 +93,7 @@ def _lite_bottleneck(inputs, depth, stride, rate, params, end_points):
     net = end_points.add('conv2', _conv2d_same(
         net, depth, 3, params, 'conv2', stride=stride, rate=rate,
         activation=None))
-    return end_points.add(None, tf.nn.relu(shortcut + net))
+    return end_points.add(None, layers.activate(tf.nn.relu, shortcut + net))
 
 
 @dataclasses.dataclass(frozen=True)
