@@ -132,11 +132,12 @@ FILTER_GRADIENT_CASES = (
 )
 
 
-def _variable(shape, seed, dtype=tf.float32):
-  """A variable of `dtype` holding standard normal values of `seed`."""
+def _variable(shape, seed, dtype=tf.float32, scale=1.0):
+  """A variable of `dtype` holding standard normal values of `seed`, times
+  `scale`."""
   rng = np.random.RandomState(seed)
-  return tf.Variable(tf.cast(rng.standard_normal(shape).astype(np.float32),
-                             dtype))
+  return tf.Variable(tf.cast(
+      scale * rng.standard_normal(shape).astype(np.float32), dtype))
 
 
 def _depthwise_inputs(shape):
@@ -401,8 +402,7 @@ def bench_activations(config, repeats):
       for name, activation in (('relu', tf.nn.relu), ('relu6', tf.nn.relu6)):
         with tf.Graph().as_default():
           # Four times a standard normal: some of it above ReLU6's cap.
-          x = tf.Variable(tf.cast(4 * np.random.RandomState(0).standard_normal(
-              shape).astype(np.float32), dtype))
+          x = _variable(shape, 0, dtype, scale=4)
           upstream = _variable(shape, 2, dtype)
           ops, values = {}, {}
           for compiled in (False, True):

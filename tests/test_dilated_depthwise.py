@@ -90,7 +90,8 @@ def test_training_towers_run_the_one_op_form_where_onednn_runs():
     sess.run(tf.global_variables_initializer())
     _, loss = sess.run([built.train_op, built.total_loss])
   assert np.isfinite(loss)
-  assert not _dilated_ops(model_testing.mobilenet_v2_os8_training_graph('bf16').graph)
+  assert not _dilated_ops(
+      model_testing.mobilenet_v2_os8_training_graph('bf16').graph)
 
 
 def _space_to_batch_ops(graph):
@@ -219,7 +220,8 @@ def test_bf16_training_towers_take_strided_input_gradients_at_stride_1(
   run at stride 1 in a graph for the bf16 rewrite on a oneDNN CPU only."""
   for onednn in (True, False):
     monkeypatch.setattr(session_config, 'onednn_kernels_on', lambda: onednn)
-    graph = model_testing.mobilenet_v2_os8_training_graph(mixed_precision).graph
+    graph = model_testing.mobilenet_v2_os8_training_graph(
+        mixed_precision).graph
     strided = _strided_input_gradient_ops(graph)
     if mixed_precision == 'bf16' and onednn:
       assert not strided
