@@ -656,8 +656,13 @@ def test_bench_variant_auto_is_what_training_chooses(flags_line, mode):
   assert bench_cli.parse_variant('auto+xla', features) == (mode, True)
   chosen, reason = cpu_lib.auto_mixed_precision(features)
   assert chosen == mode
-  # Where bf16 is chosen the log says how to measure its gain here.
+  # Where bf16 is chosen the log says how to measure its gain here, and
+  # what it gained on a CPU of the same kind.
   assert ('--bench_variants=none,auto' in reason) == (mode == 'bf16')
+  if mode == 'bf16':
+    amx = 'amx' in flags_line
+    assert ('on a Xeon with AMX' in reason) == amx
+    assert ('on an AMD EPYC with AVX512_BF16' in reason) == (not amx)
 
 
 def _run_variants(monkeypatch, cpu_flags, variants):

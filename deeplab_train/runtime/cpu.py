@@ -79,7 +79,7 @@ def auto_mixed_precision(features, environ=None):
     return 'none', 'this CPU has native bfloat16 (%s), but %s' % (native,
                                                                   held_back)
   return 'bf16', 'this CPU has native bfloat16 (%s); %s' % (
-      native, MEASURE_AUTO_GAIN)
+      native, measured_auto_gain(native))
 
 
 def choose_mixed_precision(mode, features=None, environ=None):
@@ -182,13 +182,25 @@ def bf16_refusal(features, environ=None):
   return None
 
 
-# How a user sees what the choice gains on their machine and model; the
-# figures measured so far are in docs/speed.md.
-MEASURE_AUTO_GAIN = (
-    'on a 2-core AVX512_BF16 CPU bf16 trained 1.22x (mobilenet_v2) and 1.6x '
-    '(xception_65) as many images/s as fp32 at crop 321; `deeplab-bench '
-    '--bench_variants=none,auto` with these flags measures it on this '
-    'machine')
+# What bf16 gained over fp32 (training images/s, 2 cores, crop 321,
+# mobilenet_v2 OS8 and xception_65 OS16) on each kind of CPU with native
+# bfloat16 it was measured on (the EPYC's before the bf16 forms of
+# 2026-12-03, not measured there since); docs/speed.md has the runs.
+AUTO_GAINS = {
+    'AVX512_BF16': ('an AMD EPYC with AVX512_BF16', '1.22x', '1.6x'),
+    'AMX': ('a Xeon with AMX', '1.37x', '1.79x'),
+}
+
+
+def measured_auto_gain(native):
+  """How a user sees what --mixed_precision=auto gains: what it gained on a
+  CPU of the same kind (`native`, a key of AUTO_GAINS), and the command that
+  measures it on this machine."""
+  machine, mobilenet, xception = AUTO_GAINS[native]
+  return ('on %s (2 cores, crop 321) bf16 trained %s (mobilenet_v2) and %s '
+          '(xception_65) as many images/s as fp32; `deeplab-bench '
+          '--bench_variants=none,auto` with these flags measures it on this '
+          'machine' % (machine, mobilenet, xception))
 
 
 # TensorFlow reads this when it makes its CPU allocator. With it, freed
