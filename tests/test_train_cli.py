@@ -2,6 +2,7 @@
 and end to end in a subprocess: SIGKILL then resume, SIGTERM, the lock,
 --help."""
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from deeplab_train.cli import train as train_cli
 from deeplab_train.cli import train_flags
 from deeplab_train.runtime import cpu as cpu_lib
 from deeplab_train.runtime import lock as lock_lib
+from deeplab_train.runtime import session_config
 
 import train_testing as tt
 
@@ -205,6 +207,35 @@ def test_small_batch_with_batch_norm_training_warns():
   assert not config.check_training_setup(
       tt.tiny_model_options(), config.TrainOptions(train_batch_size=24,
                                                    num_clones=2))
+
+
+def test_xla_on_cpu_towers_warns():
+  xla = config.TrainOptions(use_xla=True, fine_tune_batch_norm=False)
+  warnings = config.check_training_setup(tt.tiny_model_options(), xla,
+                                         towers_on_cpu=True)
+  assert warnings == [config.XLA_ON_CPU]
+  assert not config.check_training_setup(tt.tiny_model_options(), xla)
+  assert not config.check_training_setup(
+      tt.tiny_model_options(), xla.replace(use_xla=False),
+      towers_on_cpu=True)
+
+
+@pytest.mark.parametrize('extra,gpu,warned', [
+    (['--use_xla'], False, True),
+    (['--use_xla', '--clone_on_cpu'], True, True),
+    (['--use_xla'], True, False),
+    ([], False, False)])
+def test_use_xla_with_cpu_towers_is_logged(tmp_path, records, caplog,
+                                           monkeypatch, extra, gpu, warned):
+  monkeypatch.setattr(session_config, 'gpus_visible', lambda: gpu)
+  FLAGS.unparse_flags()
+  try:
+    FLAGS(['deeplab-train'] + _args(tmp_path, records, *extra))
+    with caplog.at_level(logging.WARNING):
+      train_cli.options_from_flags()
+  finally:
+    FLAGS.unparse_flags()
+  assert ('--use_xla with the towers on the CPU' in caplog.text) == warned
 
 
 @pytest.mark.parametrize('flags_line,mode', [

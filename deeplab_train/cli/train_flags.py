@@ -118,8 +118,8 @@ _SPEED_TABLE = (
      'docs/speed.md; results differ slightly from fp32 training).',
      {'enum_values': list(config.MIXED_PRECISION_MODES) + [cpu_lib.AUTO]}),
     ('boolean', 'use_xla', False,
-     'Compile the network and its gradients with XLA (for GPUs; on CPUs XLA '
-     'is about 10x slower here).'),
+     'Compile the network and its gradients with XLA (for GPUs; on CPUs a '
+     'training step took 5-12x as long, see docs/speed.md).'),
     ('integer', 'intra_op_parallelism_threads', None,
      'Threads inside one op (unset: every usable core; 0: TensorFlow '
      'decides).'),

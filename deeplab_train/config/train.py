@@ -169,12 +169,14 @@ def valid_crop_sizes_near(size, output_stride):
   return below, below + output_stride
 
 
-def check_training_setup(model_options, train_options):
+def check_training_setup(model_options, train_options, towers_on_cpu=False):
   """Cross-checks of model and training options done before any graph.
 
   Args:
     model_options: ModelOptions (its crop_size is the training crop).
     train_options: TrainOptions.
+    towers_on_cpu: whether the towers will run on a CPU (no GPU, or
+      clone_on_cpu).
 
   Returns:
     A list of warnings for the log, with {owner.field} references (see
@@ -210,4 +212,15 @@ def check_training_setup(model_options, train_options):
         'larger {TrainOptions.train_batch_size} or '
         '{TrainOptions.fine_tune_batch_norm}=false'
         % (train_options.clone_batch_size, MIN_BATCH_NORM_IMAGES))
+  if train_options.use_xla and towers_on_cpu:
+    warnings.append(XLA_ON_CPU)
   return warnings
+
+
+# The network compiled by XLA for a CPU trains far slower than on
+# TensorFlow's oneDNN kernels: on a 2-core Xeon with AMX, crop 321, with /
+# without --use_xla, mobilenet_v2 OS8 9.1x (fp32) and 12x (bf16) as long a
+# step, xception_65 OS16 5.6x (fp32); docs/speed.md.
+XLA_ON_CPU = ('{TrainOptions.use_xla} with the towers on the CPU: XLA\'s CPU '
+              'kernels made a training step 5-12x slower than without it '
+              '(docs/speed.md); it is meant for GPUs')
