@@ -269,8 +269,8 @@ def options_from_flags():
   # pylint: disable=g-import-not-at-top
   from deeplab_train.data import pipeline
   from deeplab_train.runtime import checkpoint_state
-  from deeplab_train.runtime import session_config
   from deeplab_train.runtime import validation
+  from deeplab_train.train import towers as towers_lib
   # The saved options bind only once a checkpoint was written with them: a
   # run stopped before its first checkpoint may be started again otherwise.
   saved = (config.load_run_config(FLAGS.train_logdir)
@@ -283,7 +283,9 @@ def options_from_flags():
   preprocess = train_flags.preprocess_options(crop, saved_pre)
   train = train_flags.train_options(dataset_info=info)
   runs = run_options()
-  towers_on_cpu = train.clone_on_cpu or not session_config.gpus_visible()
+  towers_on_cpu = any(towers_lib.runs_on_cpu(device) for device in
+                      towers_lib.tower_devices(train.num_clones,
+                                               train.clone_on_cpu))
   for warning in config.check_training_setup(model_options, train,
                                              towers_on_cpu=towers_on_cpu):
     logging.warning('%s', app.user_message(warning, FLAG_NAMES))
