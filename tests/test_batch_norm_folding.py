@@ -81,6 +81,23 @@ def test_folded_frozen_batch_norm_equals_the_batch_norm_op(name):
                                err_msg=label)
 
 
+def test_folded_offset_gradient_is_a_product_not_a_reduction():
+  """The offset's gradient is the product with a row of ones
+  (layers._folded_offset_add_gradient), not the add's reduction, slower
+  on the CPU."""
+  with tf.Graph().as_default() as graph:
+    x = tf.zeros([2, 9, 11, CHANNELS])
+    with layers.folding_frozen_batch_norm():
+      y = layers.conv2d(x, 5, 1, _frozen_params(), 'conv', activation=None)
+    beta = [v for v in tf.trainable_variables()
+            if v.op.name.endswith('BatchNorm/beta')]
+    grad, = tf.gradients(y, beta)
+    add_grad = {op.type for op in graph.get_operations()
+                if '/Add_grad/' in op.name}
+  assert 'MatMul' in add_grad and 'Sum' not in add_grad, add_grad
+  assert grad.shape.as_list() == [5]
+
+
 def _training_graph(fine_tune_batch_norm, model_variant='mobilenet_v2',
                     **model_fields):
   return model_testing.small_training_graph(

@@ -365,6 +365,27 @@ def _fold_batch_norm(w, params, normalize, depthwise=False,
   return w * tf.reshape(scale, out_shape), offset
 
 
+_FOLDED_OFFSET_GRADIENT = 'DeeplabFoldedOffsetAdd'
+
+
+@tf.RegisterGradient(_FOLDED_OFFSET_GRADIENT)
+def _folded_offset_add_gradient(op, grad):
+  """Gradient of x + offset (offset: the channels): the offset's is the
+  column sums of the output gradient, as a product with a row of ones.
+
+  TensorFlow's gradient of the add sums over batch, rows and columns with
+  a reduction that took 1.5-3.5x as long alone on the CPU as the product
+  (fp32, 2x161x161x128: 2.6 against 0.74 ms; 4x41x41x576: 1.6 against 0.67
+  ms). A training step of xception_65 with BN frozen, Xeon with AMX, 1.02x
+  faster in fp32 and 1.03x in bf16 (docs/speed.md).
+  """
+  del op
+  channels = int(grad.shape[-1])
+  rows = tf.reshape(grad, [-1, channels])
+  ones = tf.ones(tf.stack([1, tf.shape(rows)[0]]), grad.dtype)
+  return grad, tf.reshape(tf.matmul(ones, rows), [channels])
+
+
 def _finish(x, params, activation, use_bias, num_outputs, normalize,
             folded_offset=None):
   if folded_offset is not None:
@@ -372,7 +393,9 @@ def _finish(x, params, activation, use_bias, num_outputs, normalize,
     # the xception_65 frozen-BN training graph ("remapper failed: ...
     # Mutation::Apply error" naming its residual adds) and so dropped every
     # remapper fusion of the graph (tests/test_batch_norm_folding.py).
-    x = tf.add(x, _compute_dtype(x, folded_offset))
+    with tf.get_default_graph().gradient_override_map(
+        {'AddV2': _FOLDED_OFFSET_GRADIENT}):
+      x = tf.add(x, _compute_dtype(x, folded_offset))
   elif normalize and params.batch_norm is not None:
     x = batch_norm(x, params)
   elif use_bias:
