@@ -16,7 +16,10 @@ three quarters of them: the original through tf_slim's trace_every_n_steps
 deeplab-train through its --profile_logdir. Prints, per kind of op, the
 summed op time of each (ms and share), the step's wall time in the trace
 and how it splits (a convolution / matmul running, only other ops, no op),
-and each trainer's slowest op types. One trace is one step: compare shares,
+each trainer's slowest op types, and its op types by their share of the
+wall time (each moment shared equally among the ops running then, so the
+shares add up to the time some op runs: ops that overlap others count for
+less than their op time). One trace is one step: compare shares,
 and repeat for figures to quote. Without --original_dir only deeplab-train
 is profiled.
 """
@@ -103,15 +106,39 @@ def covered_ms(intervals):
   return total / 1000.0
 
 
+def wall_share_ms(spans):
+  """{op type: ms}: the wall time covered by (start, end, op type) spans in
+  us, each moment shared equally among the spans running then."""
+  points = []
+  for start, end, op in spans:
+    if end > start:
+      points += [(start, 1, op), (end, -1, op)]
+  # At one time, spans end before others start.
+  points.sort(key=lambda p: (p[0], p[1]))
+  running, share = collections.Counter(), collections.Counter()
+  count, last = 0, None
+  for at, change, op in points:
+    if count and at > last:
+      for name, n in running.items():
+        share[name] += (at - last) * n / count
+    running[op] += change
+    count += change
+    if not running[op]:
+      del running[op]
+    last = at
+  return {op: us / 1000.0 for op, us in share.items()}
+
+
 def summarize_trace(path):
   """{'wall_ms', 'op_ms', 'kinds': {kind: ms}, 'ops': {op type: ms},
-  'wall_parts': {part: ms}}: op time summed by kind and type, and the
-  step's wall time split into WALL_PARTS (ops overlap, so their times add
-  up to more than the wall time)."""
+  'wall_parts': {part: ms}, 'wall_share': {op type: ms}}: op time summed
+  by kind and type, the step's wall time split into WALL_PARTS (ops
+  overlap, so their times add up to more than the wall time), and each op
+  type's share of the wall time (wall_share_ms)."""
   with open(path) as f:
     events = json.load(f)['traceEvents']
   kinds, ops = collections.Counter(), collections.Counter()
-  dense, busy = [], []
+  dense, busy, spans = [], [], []
   for event in events:
     if event.get('ph') != 'X':
       continue
@@ -120,6 +147,7 @@ def summarize_trace(path):
     kinds[kind] += duration / 1000.0
     ops[op] += duration / 1000.0
     busy.append((event['ts'], event['ts'] + duration))
+    spans.append(busy[-1] + (op,))
     if kind == DENSE:
       dense.append(busy[-1])
   wall = (max(e for _, e in busy) - min(s for s, _ in busy)) / 1000.0 \
@@ -128,7 +156,8 @@ def summarize_trace(path):
   return {'wall_ms': wall, 'op_ms': sum(kinds.values()),
           'kinds': dict(kinds), 'ops': dict(ops),
           'wall_parts': dict(zip(WALL_PARTS, (dense_ms, busy_ms - dense_ms,
-                                              wall - busy_ms)))}
+                                              wall - busy_ms))),
+          'wall_share': wall_share_ms(spans)}
 
 
 def run_logged(argv, log_path, cwd=None, env=None):
@@ -196,6 +225,11 @@ def table(named):
     lines.append('slowest op types, %s:' % name)
     top = sorted(s['ops'].items(), key=lambda kv: -kv[1])[:12]
     lines.extend('  %-48s %8.1f ms' % kv for kv in top)
+  for name, s in named:
+    lines.append('op types by their share of the wall time, %s:' % name)
+    top = sorted(s['wall_share'].items(), key=lambda kv: -kv[1])[:12]
+    lines.extend('  %-48s %s' % (op, _share(ms, s['wall_ms']))
+                 for op, ms in top)
   return '\n'.join(lines)
 
 

@@ -46,6 +46,30 @@ def test_wall_time_splits_into_matmul_other_and_idle(profile_step, tmp_path):
   assert 'only other ops run' in table and '7.0 ms' in table
 
 
+def test_wall_time_is_shared_among_the_ops_running(profile_step, tmp_path):
+  # The events of the test above, one ReLU twice at once, and an event of
+  # no duration. 0-5 the matmul alone, 5-8 with the conv, 8-10 the three,
+  # 10-12 conv and batch norm, 12-15 batch norm alone, 20-24 two ReLUs.
+  events = [_op('_MklMatMul', 0, 10), _op('_MklNativeConv2D', 5, 12),
+            _op('FusedBatchNormV3', 8, 15), _op('Relu', 20, 24),
+            _op('Relu', 20, 24), _op('Const', 3, 3)]
+  path = tmp_path / 'timeline.json'
+  path.write_text(json.dumps({'traceEvents': events}))
+
+  summary = profile_step.summarize_trace(str(path))
+
+  share = summary['wall_share']
+  assert share == pytest.approx({'_MklMatMul': 5 + 1.5 + 2 / 3,
+                                 '_MklNativeConv2D': 1.5 + 2 / 3 + 1,
+                                 'FusedBatchNormV3': 2 / 3 + 1 + 3,
+                                 'Relu': 4.0})
+  assert sum(share.values()) == pytest.approx(
+      summary['wall_ms'] - summary['wall_parts']['no op runs'])
+  table = profile_step.table([('deeplab-train', summary)])
+  assert 'share of the wall time' in table
+  assert '_MklMatMul' in table.split('share of the wall time')[1]
+
+
 def test_covered_time_merges_nested_and_touching_spans(profile_step):
   assert profile_step.covered_ms([]) == 0.0
   assert profile_step.covered_ms(
