@@ -219,6 +219,28 @@ def folding_frozen_batch_norm():
 
 
 @contextlib.contextmanager
+def batch_norm_from_input_moments(enabled=True):
+  """Context in which a trained BatchNorm after a 1x1 convolution that
+  widens its input (mobilenet_v2's expansions) takes the batch moments of
+  the convolution's output from those of its input, and is folded into
+  the convolution (`expanded_batch_norm`).
+
+  Over the pixels X (n x c_in), the output XW has the mean mean(X) W and,
+  per channel k, the (biased) variance w_k' cov(X) w_k, with cov(X) a
+  c_in x c_in matrix from one small matmul. So the normalised output is
+  X (W scale) + offset with scale = gamma / sqrt(variance + epsilon) and
+  offset = beta - mean * scale: the same function of X, W, gamma and beta,
+  and the same moving-average updates, without a batch norm op and its
+  gradient over the output, which has c_out > c_in channels. Its float32
+  values are as close to a float64 computation as the BN op's, or closer
+  (docs/speed.md). Entered by the training towers of float32 graphs on a
+  CPU with oneDNN's kernels, where it was measured.
+  """
+  with _setting('bn_input_moments', enabled):
+    yield
+
+
+@contextlib.contextmanager
 def dilated_depthwise_in_one_op(enabled=True):
   """Context in which a dilated depthwise convolution runs as one op.
 
@@ -431,6 +453,11 @@ def conv2d(x, num_outputs, kernel_size, params: ConvParams, scope,
   kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
   with tf.variable_scope(scope):
     w = _weights('weights', [kh, kw, x.shape[-1], num_outputs], params)
+    if (getattr(_state, 'bn_input_moments', False) and (kh, kw) == (1, 1)
+        and stride == 1 and normalize and params.batch_norm is not None
+        and params.bn_training and x.dtype == tf.float32
+        and _input_moments_pay(int(x.shape[-1]), num_outputs)):
+      return expanded_batch_norm(x, w, params, activation)
     w, offset = _fold_batch_norm(w, params, normalize)
     if (kh, kw) == (1, 1) and stride == 1:
       y = _pointwise(x, _compute_dtype(x, w))
@@ -538,6 +565,69 @@ def _pointwise(x, w):
                 tf.reshape(w, [channels, num_outputs]))
   y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [num_outputs]], 0),
                  name='Conv2D')
+  y.set_shape(x.shape[:-1].concatenate([num_outputs]))
+  return y
+
+
+# The input's moments cost c_in x c_in products per pixel (forward and
+# gradient), the BN op passes over c_out channels: alone, a 1x1
+# convolution with trained BN and ReLU6 and its gradients took, in ms, BN op
+# / moments from the input (Xeon with AMX, fp32): 4x161x161, 16 to 96
+# channels 24.9 / 12.9; 4x41x41, 160 to 960 30.4 / 25.7; 2x41x41, 128 to
+# 512 7.6 / 6.8; 2x161x161, 64 to 128 22.3 / 20.1; but 2x81x81, 128 to 256
+# 14.3 / 15.6 and 2x21x21, 256 to 1024 6.4 / 8.7. So the moments come from
+# the input where c_in * c_in is at most this many times c_out.
+MAX_INPUT_MOMENT_RATIO = 32
+
+
+def _input_moments_pay(channels, num_outputs):
+  """Whether `expanded_batch_norm` is used for a 1x1 convolution from
+  `channels` to `num_outputs` channels (see MAX_INPUT_MOMENT_RATIO)."""
+  return (num_outputs > channels
+          and channels * channels <= MAX_INPUT_MOMENT_RATIO * num_outputs)
+
+
+def expanded_batch_norm(x, w, params: ConvParams, activation=_DEFAULT,
+                        scope='BatchNorm'):
+  """A 1x1 stride-1 convolution of x with w [1, 1, c_in, c_out] followed
+  by a trained BatchNorm under `scope` and the activation, with the batch
+  moments of the output computed from the input's (see
+  `batch_norm_from_input_moments`). The same variables and moving-average
+  updates as conv2d then batch_norm.
+  """
+  bn = params.batch_norm
+  channels, num_outputs = int(w.shape[2]), int(w.shape[3])
+  pixels = tf.reshape(x, [-1, channels], name='pixels')
+  weights = tf.reshape(w, [channels, num_outputs])
+  count = tf.cast(tf.shape(pixels)[0], tf.float32)
+  with tf.variable_scope(scope):
+    beta, gamma, moving_mean, moving_variance = _batch_norm_variables(
+        num_outputs, bn)
+    input_mean = tf.reduce_mean(pixels, 0)
+    covariance = (tf.matmul(pixels, pixels, transpose_a=True) / count
+                  - input_mean[:, None] * input_mean[None, :])
+    mean = tf.linalg.matvec(weights, input_mean, transpose_a=True)
+    # Rounding can take a variance of (nearly) 0 below it.
+    variance = tf.maximum(
+        tf.reduce_sum(weights * tf.matmul(covariance, weights), 0), 0.0)
+    scale = gamma * tf.rsqrt(variance + bn.epsilon)
+    offset = beta - mean * scale
+    # The moving variance moves towards the unbiased batch variance, as
+    # with the BN op.
+    unbiased = variance * count / tf.maximum(count - 1.0, 1.0)
+    decay = tf.subtract(1.0, tf.constant(bn.decay, tf.float32))
+    _record_update(tf.assign_sub(
+        moving_mean, (moving_mean - mean) * decay, name='AssignMovingAvg'))
+    _record_update(tf.assign_sub(
+        moving_variance, (moving_variance - unbiased) * decay,
+        name='AssignMovingAvg_1'))
+  y = tf.nn.bias_add(tf.matmul(pixels, weights * scale), offset)
+  act = params.activation if activation is _DEFAULT else activation
+  if act is not None:
+    # On the matmul's 2-D output, where grappler fuses the bias add and
+    # the activation into the matmul.
+    y = activate(act, y)
+  y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [num_outputs]], 0))
   y.set_shape(x.shape[:-1].concatenate([num_outputs]))
   return y
 

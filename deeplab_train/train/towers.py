@@ -115,7 +115,8 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
     variables_device: where variables live (string or device function).
     onednn_forms: towers whose device runs oneDNN's CPU kernels build the
       forms that are faster there (layers.dilated_depthwise_in_one_op,
-      layers.filter_gradient_as_matmul), towers on a CPU the banded
+      layers.filter_gradient_as_matmul,
+      layers.batch_norm_from_input_moments), towers on a CPU the banded
       dilated depthwise convolutions (layers.dilated_depthwise_in_bands);
       False: none does. Towers on a CPU score each image in ops of its own
       (losses_lib.per_image) either way.
@@ -142,6 +143,7 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
           with layers.recording() as rec, \
               losses_lib.per_image(runs_on_cpu(device)), \
               layers.folding_frozen_batch_norm(), \
+              layers.batch_norm_from_input_moments(on_onednn), \
               layers.dilated_depthwise_in_one_op(on_onednn), \
               layers.dilated_depthwise_in_bands(
                   onednn_forms and runs_on_cpu(device)), \
