@@ -759,6 +759,18 @@ def test_bf16_is_refused_where_onednn_would_abort(monkeypatch):
     bench_cli.parse_variant('bf16+xla', avx512)
   assert bench_cli.parse_variant('auto', avx512) == ('none', False)
   assert bench_cli.parse_variant('bf16', avx2) == ('bf16', False)
+  # And an fp32 benchmark there measures no bf16 matmul peak, which would
+  # abort the process too; it does elsewhere.
+  measured = []
+  monkeypatch.setattr(measure, 'matmul_peak_gflops',
+                      lambda size, runs, dtype, config: measured.append(dtype)
+                      or 1.0)
+  job = types.SimpleNamespace(peak_session_config=None)
+  for features, peaks in ((avx512, (1.0, None)), (avx2, (1.0, 1.0))):
+    monkeypatch.setattr(cpu_lib, 'machine_cpu', lambda f=features: f)
+    del measured[:]
+    assert benchmark._matmul_peaks(job, bench.BenchOptions()) == peaks
+    assert measured == [tf.float32] + [tf.bfloat16] * (peaks[1] is not None)
 
 
 def test_bench_variants_auto_runs_the_machines_choice(monkeypatch):

@@ -3,12 +3,14 @@ import dataclasses
 import os
 from typing import Callable
 
+from absl import logging
 import tensorflow.compat.v1 as tf
 
 from deeplab_train.bench import measure
 from deeplab_train.config import check
 from deeplab_train.config import errors
 from deeplab_train.data import pipeline
+from deeplab_train.runtime import cpu as cpu_lib
 
 # Every key of the result dict (and of the JSON line), in table order.
 RESULT_FIELDS = (
@@ -96,11 +98,20 @@ class BenchJob:
 
 
 def _matmul_peaks(job, options):
-  """(fp32, bf16 or None) matmul peaks in GFLOP/s."""
+  """(fp32, bf16 or None) matmul peaks in GFLOP/s. No bf16 peak where a
+  bfloat16 matmul would abort the process (cpu.bf16_refusal: oneDNN
+  capped below AVX512_CORE on an AVX-512 CPU), so that fp32 can still be
+  measured there."""
   def peak(dtype):
     return measure.matmul_peak_gflops(options.matmul_size, options.matmul_runs,
                                       dtype, job.peak_session_config)
-  return peak(tf.float32), peak(tf.bfloat16) if options.bf16_peak else None
+  bf16 = options.bf16_peak
+  if bf16:
+    refusal = cpu_lib.bf16_refusal(cpu_lib.machine_cpu())
+    if refusal:
+      logging.info('No bf16 matmul peak: %s', refusal)
+      bf16 = False
+  return peak(tf.float32), peak(tf.bfloat16) if bf16 else None
 
 
 def run_benchmark(job, options):
