@@ -10,6 +10,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from deeplab_train.model import layers
+from deeplab_train.runtime import cpu as cpu_lib
 from deeplab_train.runtime import session_config
 from deeplab_train.train import towers
 
@@ -77,21 +78,74 @@ def test_towers_choose_the_one_op_form_by_device(monkeypatch, onednn):
   assert towers.runs_on_onednn_cpu('/cpu:1') == onednn
 
 
-def test_training_towers_run_the_one_op_form_where_onednn_runs():
+def _dilation_rates(graph):
+  return {tuple(op.get_attr('dilations'))[1] for op in _dilated_ops(graph)}
+
+
+def test_training_towers_run_the_one_op_form_where_onednn_runs(monkeypatch):
   """mobilenet_v2 OS8 has depthwise rates 2 and 4: its fp32 training graph
   computes them in one op exactly when this process runs oneDNN's kernels,
-  and a step runs; a graph for the bf16 rewrite keeps space-to-batch."""
+  and a step runs; a graph for the bf16 rewrite keeps space-to-batch
+  unless oneDNN runs on AMX tiles."""
   built = model_testing.mobilenet_v2_os8_training_graph('none')
   dilated = _dilated_ops(built.graph)
-  rates = {tuple(op.get_attr('dilations'))[1] for op in dilated}
-  assert rates == ({2, 4} if ONEDNN_ON else set()), rates
+  assert _dilation_rates(built.graph) == ({2, 4} if ONEDNN_ON else set())
   assert all(op.name.startswith('tower_0/') for op in dilated)
   with built.graph.as_default(), tf.Session() as sess:
     sess.run(tf.global_variables_initializer())
     _, loss = sess.run([built.train_op, built.total_loss])
   assert np.isfinite(loss)
-  assert not _dilated_ops(
-      model_testing.mobilenet_v2_os8_training_graph('bf16').graph)
+  for amx in (False, True):
+    monkeypatch.setattr(cpu_lib, 'machine_cpu', lambda amx=amx: {'amx': amx})
+    graph = model_testing.mobilenet_v2_os8_training_graph('bf16').graph
+    assert _dilation_rates(graph) == (
+        {2, 4} if amx and cpu_lib.onednn_amx({'amx': True}) and ONEDNN_ON
+        else set())
+
+
+def _bf16_output_and_gradients(one_op, rate, shape=(2, 21, 21, 16)):
+  """[y, dy/dx, dy/dweights] of a 3x3 depthwise layer under grappler's bf16
+  rewrite, and its dilated ops: the same values as _output_and_gradients,
+  in variables (grappler folds constants' ops before the rewrite) and
+  fetched through copies (it leaves fetched ops in float32)."""
+  rng = np.random.RandomState(0)
+  with tf.Graph().as_default() as graph:
+    tf.set_random_seed(1)
+    x = tf.Variable(rng.uniform(-2, 2, shape).astype(np.float32),
+                    trainable=False)
+    with layers.dilated_depthwise_in_one_op(one_op):
+      y = layers.depthwise_conv2d(x, 3, PLAIN, 'dw', rate=rate,
+                                  use_bias=False)
+    (weights,) = tf.trainable_variables()
+    dy = tf.Variable(rng.uniform(-1, 1, shape).astype(np.float32),
+                     trainable=False)
+    fetches = [tf.identity(t) for t in [y] + tf.gradients(y, [x, weights], dy)]
+    config = session_config.make_session_config(mixed_precision='bf16')
+    with tf.Session(config=config) as sess:
+      sess.run(tf.global_variables_initializer())
+      return sess.run(fetches), _dilated_ops(graph)
+
+
+@pytest.mark.skipif(
+    not (ONEDNN_ON and cpu_lib.native_bf16(cpu_lib.machine_cpu())
+         and cpu_lib.bf16_held_back() is None),
+    reason='runs bf16 where oneDNN has native bfloat16 instructions')
+@pytest.mark.parametrize('rate', [2, 4])
+def test_one_op_form_under_the_bf16_rewrite_is_as_close_as_space_to_batch(
+    rate):
+  fp32, _ = _output_and_gradients(False, 3, rate, shape=(2, 21, 21, 16))
+  plain, plain_ops = _bf16_output_and_gradients(False, rate)
+  one_op, one_op_ops = _bf16_output_and_gradients(True, rate)
+  assert (len(plain_ops), len(one_op_ops)) == (0, 2)
+  for label, reference, a, b in zip(['output', 'd/dx', 'd/dweights'], fp32,
+                                    plain, one_op):
+    scale = float(np.max(np.abs(reference)))
+    plain_error = float(np.max(np.abs(a - reference))) / scale
+    one_op_error = float(np.max(np.abs(b - reference))) / scale
+    # Both ran in bfloat16 (8 bits of mantissa), and are as close.
+    assert 1e-4 < plain_error < 2e-2, (label, plain_error)
+    assert 1e-4 < one_op_error < 1.5 * plain_error, (label, one_op_error,
+                                                      plain_error)
 
 
 def _space_to_batch_ops(graph):

@@ -735,6 +735,18 @@ def test_auto_is_bf16_only_where_onednn_may_use_native_bf16(environ, mode,
     assert named in reason and 'native bfloat16 (AVX512_BF16), but' in reason
 
 
+def test_onednn_amx_only_where_onednn_may_use_the_tiles():
+  amx = cpu_lib.cpu_features(_BF16_CPU + ' amx_tile amx_bf16')
+  assert cpu_lib.onednn_amx(amx, {})
+  for cap in ('AVX512_CORE_AMX', 'avx10_1_512_amx_fp16', 'ALL'):
+    assert cpu_lib.onednn_amx(amx, {'ONEDNN_MAX_CPU_ISA': cap}), cap
+  for environ in ({'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE_BF16'},
+                  {'DNNL_MAX_CPU_ISA': 'AVX2'},
+                  {'TF_ENABLE_ONEDNN_OPTS': '0'}):
+    assert not cpu_lib.onednn_amx(amx, environ), environ
+  assert not cpu_lib.onednn_amx(cpu_lib.cpu_features(_BF16_CPU), {})
+
+
 def test_bf16_is_refused_where_onednn_would_abort(monkeypatch):
   avx512 = cpu_lib.cpu_features(_BF16_CPU)
   avx2 = cpu_lib.cpu_features('processor\t: 0\nflags\t\t: avx2')

@@ -251,7 +251,8 @@ def dilated_depthwise_in_one_op(enabled=True):
   flow at OS16), slower for larger ones (ASPP's 6, 12, 18; see
   MAX_ONE_OP_RATE), and the gradient kernels for it ignore the dilation.
   So, for stride 1, 'SAME' padding, an odd kernel, depth multiplier 1,
-  float32 and rates up to 4, the forward op is the dilated one, the input
+  float32 (as built: grappler's bf16 rewrite may cast it later) and rates
+  up to 4, the forward op is the dilated one, the input
   gradient the same op with the kernel flipped, and the filter gradient
   the space-to-batch form's (the same values, checked by
   tests/test_dilated_depthwise.py).
@@ -259,9 +260,10 @@ def dilated_depthwise_in_one_op(enabled=True):
   Only for ops that run on a CPU with oneDNN's kernels: TensorFlow's own
   kernels refuse the dilated op (CPU) or do not read its dilation (GPU).
   Entered by the training towers, `enabled` by their device
-  (towers.runs_on_onednn_cpu), and not in graphs built for grappler's bf16
-  rewrite (its bfloat16 op ran on TensorFlow's own kernel on an AVX2 CPU;
-  on a CPU with native bf16 it ran, but the bf16 step was slower).
+  (towers.runs_on_onednn_cpu), and in graphs built for grappler's bf16
+  rewrite only where oneDNN runs on AMX tiles (its bfloat16 op ran on
+  TensorFlow's own kernel on an AVX2 CPU; on an AVX512_BF16 CPU without AMX
+  it ran, but the bf16 step was slower).
   """
   with _setting('one_op_dilation', enabled):
     yield

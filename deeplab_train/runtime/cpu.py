@@ -112,6 +112,7 @@ _ONEDNN_ISA_LEVELS = {
     'AVX512_CORE_AMX_FP16': 11, 'AVX10_1_512_AMX_FP16': 11}
 _AVX512_CORE = _ONEDNN_ISA_LEVELS['AVX512_CORE']
 _NATIVE_BF16 = _ONEDNN_ISA_LEVELS['AVX512_CORE_BF16']
+_AMX = _ONEDNN_ISA_LEVELS['AVX512_CORE_AMX']
 
 
 def onednn_isa_cap(environ=None):
@@ -142,6 +143,16 @@ def onednn_limit(environ=None):
   if cap:
     return 'capped at %s (%s)' % (cap[1].strip().upper(), cap[0])
   return None
+
+
+def onednn_amx(features, environ=None):
+  """Whether oneDNN's kernels run on AMX tiles on a CPU with `features`
+  under `environ` (default: this process's): the CPU has AMX, and oneDNN
+  is on and not capped below AVX512_CORE_AMX."""
+  if not features.get('amx') or onednn_off(environ):
+    return False
+  cap = onednn_isa_cap(environ)
+  return cap is None or cap[2] >= _AMX
 
 
 def bf16_held_back(environ=None):
@@ -185,10 +196,11 @@ def bf16_refusal(features, environ=None):
 # What bf16 gained over fp32 (training images/s, 2 cores, crop 321,
 # mobilenet_v2 OS8 and xception_65 OS16) on each kind of CPU with native
 # bfloat16 it was measured on (the EPYC's before the bf16 forms of
-# 2026-12-03, not measured there since); docs/speed.md has the runs.
+# 2026-12-03, not measured there since; the Xeon's on 2026-12-04, after
+# the fp32 and bf16 forms of that day); docs/speed.md has the runs.
 AUTO_GAINS = {
     'AVX512_BF16': ('an AMD EPYC with AVX512_BF16', '1.22x', '1.6x'),
-    'AMX': ('a Xeon with AMX', '1.37x', '1.79x'),
+    'AMX': ('a Xeon with AMX', '1.30x', '1.70x'),
 }
 
 

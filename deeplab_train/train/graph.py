@@ -222,7 +222,8 @@ def build_training_graph(model_options, train_options, *, ignore_label,
     # dilated depthwise op ran on TensorFlow's own kernel, which refuses
     # dilations (AVX2 CPU); with native bf16 (AVX512_BF16) it ran, but the
     # forms made the bf16 step slower (docs/speed.md). The bf16 rewrite
-    # has forms of its own.
+    # has forms of its own (the dilated op among them where oneDNN runs
+    # on AMX tiles).
     towers = towers_lib.build_towers(
         tower_fn, towers_lib.tower_devices(
             train_options.num_clones, train_options.clone_on_cpu,

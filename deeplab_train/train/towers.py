@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 import tensorflow.compat.v1 as tf
 
 from deeplab_train.model import layers
+from deeplab_train.runtime import cpu as cpu_lib
 from deeplab_train.runtime import session_config
 from deeplab_train.train import losses as losses_lib
 
@@ -123,7 +124,11 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
     bf16_forms: the graph is for grappler's bf16 rewrite: towers whose
       device runs oneDNN's CPU kernels compute the input gradients of
       strided depthwise convolutions at stride 1, where oneDNN's bfloat16
-      kernels are fast (layers.strided_depthwise_input_gradient_at_stride_1).
+      kernels are fast (layers.strided_depthwise_input_gradient_at_stride_1),
+      and where those kernels run on AMX tiles (cpu.onednn_amx) the dilated
+      depthwise convolutions in one op too (layers.dilated_depthwise_in_one_op;
+      a mobilenet_v2 OS8 bf16 step 2-4 % faster on a Xeon with AMX, the
+      oneDNN forms slower together on an AVX512_BF16 EPYC: docs/speed.md).
     xla_activations: towers whose device runs oneDNN's CPU kernels compile
       their activations with XLA (layers.activations_in_xla): for graphs
       built for grappler's bf16 rewrite, not compiled whole by XLA.
@@ -131,6 +136,7 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
   Returns:
     A list of `Tower`.
   """
+  amx = bf16_forms and cpu_lib.onednn_amx(cpu_lib.machine_cpu())
   towers = []
   for i, device in enumerate(devices):
     # The variable scope is entered before the name scope: re-entering the
@@ -144,7 +150,8 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
               losses_lib.per_image(runs_on_cpu(device)), \
               layers.folding_frozen_batch_norm(), \
               layers.batch_norm_from_input_moments(on_onednn), \
-              layers.dilated_depthwise_in_one_op(on_onednn), \
+              layers.dilated_depthwise_in_one_op(
+                  on_onednn or (amx and onednn_cpu)), \
               layers.dilated_depthwise_in_bands(
                   onednn_forms and runs_on_cpu(device)), \
               layers.filter_gradient_as_matmul(on_onednn), \
