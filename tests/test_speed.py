@@ -636,6 +636,20 @@ def test_bench_variants_run_in_child_processes(monkeypatch):
   assert 'bf16+xla' in table and '2.00x' in table
 
 
+def test_bench_says_when_dataset_dir_is_not_read(caplog):
+  with flagsaver.flagsaver():
+    flags.FLAGS(['deeplab-bench', '--dataset_dir=/data/voc'])
+    assert bench_cli._num_classes_and_info() == (bench.SYNTHETIC_CLASSES,
+                                                 None)
+  assert '--dataset_dir=/data/voc is not read' in caplog.text
+  assert '--bench_data=dataset_dir' in caplog.text
+  caplog.clear()
+  with flagsaver.flagsaver():
+    flags.FLAGS(['deeplab-bench', '--bench_data=sample'])
+    bench_cli._num_classes_and_info()
+  assert 'dataset_dir' not in caplog.text
+
+
 def test_bench_variant_names():
   assert bench_cli.parse_variant('none') == ('none', False)
   assert bench_cli.parse_variant('fp32+xla') == ('none', True)

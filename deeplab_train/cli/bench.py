@@ -238,6 +238,11 @@ def parse_variant(text, cpu_features=None):
 def _num_classes_and_info():
   """(class count, DatasetInfo or None) of the --bench_data source."""
   from deeplab_train import bench  # pylint: disable=g-import-not-at-top
+  if (FLAGS.dataset_dir and FLAGS.bench_data != 'dataset_dir'
+      and not FLAGS.bench_child):
+    logging.warning('--dataset_dir=%s is not read: --bench_data=%s; add '
+                    '--bench_data=dataset_dir to benchmark on those records',
+                    FLAGS.dataset_dir, FLAGS.bench_data)
   if FLAGS.bench_data == 'synthetic':
     return bench.SYNTHETIC_CLASSES, None
   if FLAGS.bench_data == 'sample':
