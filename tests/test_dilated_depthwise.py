@@ -223,6 +223,123 @@ def test_towers_build_the_banded_form_on_a_cpu(monkeypatch, device, forms,
                                    atol=1e-5)
 
 
+def test_bands_pay_where_each_band_is_at_most_max_band():
+  # The default (float32 graphs) is twice the rate at least the size.
+  for size in (13, 21, 33):
+    for rate in range(2, 40):
+      assert layers._bands_pay((1, size, size, 3), (rate, rate)) == (
+          2 * rate >= size), (size, rate)
+  quarter = layers.MAX_BF16_BAND
+  # 21x21 (crop 321 at output stride 16): bands of 21 - rate rows.
+  assert layers._bands_pay((1, 21, 21, 3), (18, 18), quarter)   # 3 rows
+  assert layers._bands_pay((1, 21, 21, 3), (16, 16), quarter)   # 5
+  assert not layers._bands_pay((1, 21, 21, 3), (15, 15), quarter)  # 6
+  assert not layers._bands_pay((1, 21, 21, 3), (12, 12), quarter)  # 9
+  assert layers._bands_pay((1, 21, 21, 3), (30, 30), quarter)   # centre only
+  # 33x33 (crop 513): rate 18 leaves bands of 15 rows, banded in float32
+  # graphs only.
+  assert layers._bands_pay((1, 33, 33, 3), (18, 18), layers.MAX_BAND)
+  assert not layers._bands_pay((1, 33, 33, 3), (18, 18), quarter)
+  # Each dilated dimension must pay.
+  assert not layers._bands_pay((1, 21, 33, 3), (18, 18), quarter)
+  assert layers._bands_pay((1, 33, 21, 3), (1, 18), quarter)
+
+
+def _aspp_like_tower_graph(monkeypatch, amx, onednn_forms, bf16_forms):
+  """A CPU tower with depthwise layers at rates 18 and 12 on a 21x21
+  input (ASPP's at crop 321), on a CPU with or without AMX."""
+  monkeypatch.setattr(cpu_lib, 'machine_cpu', lambda: {'amx': amx})
+
+  def tower_fn(_):
+    x = tf.zeros([1, 21, 21, 3])
+    loss = 0.
+    for rate in (18, 12):
+      y = layers.depthwise_conv2d(x, 3, PLAIN, 'dw%d' % rate, rate=rate,
+                                  use_bias=False)
+      loss += tf.reduce_sum(y)
+    return loss, {}, {}
+
+  with tf.Graph().as_default() as graph:
+    towers.build_towers(tower_fn, ['/cpu:0'], onednn_forms=onednn_forms,
+                        bf16_forms=bf16_forms)
+  return graph
+
+
+def _space_to_batch_layers(graph):
+  return {op.name.split('/')[1] for op in _space_to_batch_ops(graph)}
+
+
+@pytest.mark.parametrize('amx', [False, True])
+def test_bf16_towers_band_only_rate_18_where_onednn_runs_on_amx(monkeypatch,
+                                                               amx):
+  """Graphs for the bf16 rewrite band ASPP's rate 18 at crop 321 (bands of
+  3 of 21 rows), not rate 12 (9 of 21), and only where oneDNN runs on AMX
+  tiles; float32 graphs band both, on any CPU."""
+  bf16 = _aspp_like_tower_graph(monkeypatch, amx, onednn_forms=False,
+                                bf16_forms=True)
+  on_amx = amx and cpu_lib.onednn_amx({'amx': True}) and ONEDNN_ON
+  assert _space_to_batch_layers(bf16) == (
+      {'dw12'} if on_amx else {'dw12', 'dw18'})
+  fp32 = _aspp_like_tower_graph(monkeypatch, amx, onednn_forms=True,
+                                bf16_forms=False)
+  assert not _space_to_batch_layers(fp32)
+  # Neither kind of forms (fp16 graphs): space-to-batch.
+  fp16 = _aspp_like_tower_graph(monkeypatch, amx, onednn_forms=False,
+                                bf16_forms=False)
+  assert _space_to_batch_layers(fp16) == {'dw12', 'dw18'}
+
+
+def _bf16_banded_output_and_gradients(banded, rate, shape=(2, 21, 21, 16),
+                                      bf16=True):
+  """[y, dy/dx, dy/dweights] of a 3x3 depthwise layer (banded as in bf16
+  graphs, or by space-to-batch) whose input is a matmul's product, under
+  grappler's bf16 rewrite (or not): the rewrite runs the matmul in
+  bfloat16, and with it the banded form's elementwise ops after it."""
+  rng = np.random.RandomState(0)
+  with tf.Graph().as_default() as graph:
+    tf.set_random_seed(1)
+    x = tf.Variable(rng.uniform(-2, 2, shape).astype(np.float32),
+                    trainable=False)
+    mixing = tf.Variable(
+        rng.uniform(-0.5, 0.5, shape[-1:] * 2).astype(np.float32),
+        trainable=False)
+    product = tf.reshape(
+        tf.matmul(tf.reshape(x, [-1, shape[-1]]), mixing), shape)
+    with layers.dilated_depthwise_in_bands(banded, layers.MAX_BF16_BAND):
+      y = layers.depthwise_conv2d(product, 3, PLAIN, 'dw', rate=rate,
+                                  use_bias=False)
+    (weights,) = tf.trainable_variables()
+    dy = tf.Variable(rng.uniform(-1, 1, shape).astype(np.float32),
+                     trainable=False)
+    fetches = [tf.identity(t) for t in [y] + tf.gradients(y, [x, weights], dy)]
+    config = session_config.make_session_config(
+        mixed_precision='bf16' if bf16 else 'none')
+    with tf.Session(config=config) as sess:
+      sess.run(tf.global_variables_initializer())
+      return sess.run(fetches), _space_to_batch_ops(graph)
+
+
+@pytest.mark.skipif(
+    not (ONEDNN_ON and cpu_lib.native_bf16(cpu_lib.machine_cpu())
+         and cpu_lib.bf16_held_back() is None),
+    reason='runs bf16 where oneDNN has native bfloat16 instructions')
+def test_banded_form_under_the_bf16_rewrite_is_as_close_as_space_to_batch():
+  fp32, _ = _bf16_banded_output_and_gradients(False, 18, bf16=False)
+  plain, plain_ops = _bf16_banded_output_and_gradients(False, 18)
+  banded, banded_ops = _bf16_banded_output_and_gradients(True, 18)
+  assert plain_ops and not banded_ops
+  for label, reference, a, b in zip(['output', 'd/dx', 'd/dweights'], fp32,
+                                    plain, banded):
+    scale = float(np.max(np.abs(reference)))
+    plain_error = float(np.max(np.abs(a - reference))) / scale
+    banded_error = float(np.max(np.abs(b - reference))) / scale
+    # Both ran in bfloat16 (8 bits of mantissa), and are as close
+    # (measured: 3.6e-3 to 5.1e-3 each).
+    assert 1e-4 < plain_error < 2e-2, (label, plain_error)
+    assert 1e-4 < banded_error < 1.5 * plain_error, (label, banded_error,
+                                                      plain_error)
+
+
 def _strided_input_gradient_ops(graph):
   """The depthwise input gradient ops of `graph` at a stride above 1."""
   return [op for op in graph.get_operations()

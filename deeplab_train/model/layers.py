@@ -269,16 +269,30 @@ def dilated_depthwise_in_one_op(enabled=True):
     yield
 
 
+# The largest share of a dilated dimension that a band of the banded form
+# may cover (`_bands_pay`). In float32 graphs half (twice the rate at least
+# the input's size): ASPP's rates 12 and 18 on a 21x21 input (crop 321 at
+# output stride 16), rate 18 at 33x33 (crop 513), measured on 2-core AVX2
+# CPUs. In graphs for the bf16 rewrite a quarter, where oneDNN runs on AMX
+# tiles: alone, with both gradients, space-to-batch / bands, ms, bf16, on
+# 2x21x21x2048: rate 18 (bands of 3 of 21 rows) 12.6 / 5.2, but rate 12 (9
+# of 21) 5.7 / 9.5; an xception_65 bf16 step 1.02x faster (docs/speed.md).
+MAX_BAND = 1 / 2
+MAX_BF16_BAND = 1 / 4
+
+
 @contextlib.contextmanager
-def dilated_depthwise_in_bands(enabled=True):
+def dilated_depthwise_in_bands(enabled=True, max_band=MAX_BAND):
   """Context in which a dilated depthwise convolution whose taps other
-  than the centre reach only bands along the input's border runs as
+  than the centre reach only bands along the input's border, each at most
+  `max_band` of the input's height (width), runs as
   dilated_depthwise_by_bands (see _bands_pay): plain TensorFlow ops, the
   same values. Entered by the training towers on a CPU, where it was
-  measured: ASPP's rate-12 and rate-18 branches of an xception_65 step at
-  crop 321.
+  measured: in float32 graphs ASPP's rate-12 and rate-18 branches of an
+  xception_65 step at crop 321 (MAX_BAND), in graphs for the bf16 rewrite
+  where oneDNN runs on AMX tiles its rate-18 branch (MAX_BF16_BAND).
   """
-  with _setting('banded_dilation', enabled):
+  with _setting('banded_dilation', max_band if enabled else False):
     yield
 
 
@@ -662,7 +676,7 @@ def depthwise_conv2d(x, kernel_size, params: ConvParams, scope,
       y = strided_depthwise_spread_input_gradient(
           x, _compute_dtype(x, w), stride, padding)
     elif (getattr(_state, 'banded_dilation', False) and same_odd_fp32
-          and _bands_pay(x.shape, rates)):
+          and _bands_pay(x.shape, rates, _state.banded_dilation)):
       y = dilated_depthwise_by_bands(x, w, rates)
     else:
       y = tf.nn.depthwise_conv2d(
@@ -768,18 +782,19 @@ def strided_depthwise_spread_input_gradient(x, w, stride, padding):
   return conv(x, w)
 
 
-def _bands_pay(shape, rates):
+def _bands_pay(shape, rates, max_band=None):
   """Whether dilated_depthwise_by_bands is used for an NHWC input `shape`
   at `rates`: where every tap but the centre one reaches only a band along
-  the border (twice the rate at least the input's size in each dilated
-  dimension), which the space-to-batch form pays for with an input padded
-  up to twelve times larger (ASPP's rates 12 and 18 on a 21x21 input,
-  crop 321 at output stride 16; rate 18 at 33x33, crop 513).
+  the border of at most `max_band` (default MAX_BAND) of the input's size
+  in each dilated dimension (size - rate output positions), which the
+  space-to-batch form pays for with an input padded up to twelve times
+  larger.
   """
+  max_band = MAX_BAND if max_band is None else max_band
   height, width = shape[1], shape[2]
   if height is None or width is None or max(rates) <= 1:
     return False
-  return all(rate == 1 or 2 * rate >= size
+  return all(rate == 1 or size - rate <= max_band * size
              for rate, size in zip(rates, (int(height), int(width))))
 
 

@@ -128,7 +128,9 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
       and where those kernels run on AMX tiles (cpu.onednn_amx) the dilated
       depthwise convolutions in one op too (layers.dilated_depthwise_in_one_op;
       a mobilenet_v2 OS8 bf16 step 2-4 % faster on a Xeon with AMX, the
-      oneDNN forms slower together on an AVX512_BF16 EPYC: docs/speed.md).
+      oneDNN forms slower together on an AVX512_BF16 EPYC: docs/speed.md)
+      and those with bands of at most a quarter of the input in bands
+      (layers.MAX_BF16_BAND: ASPP's rate 18 at crop 321).
     xla_activations: towers whose device runs oneDNN's CPU kernels compile
       their activations with XLA (layers.activations_in_xla): for graphs
       built for grappler's bf16 rewrite, not compiled whole by XLA.
@@ -153,7 +155,9 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
               layers.dilated_depthwise_in_one_op(
                   on_onednn or (amx and onednn_cpu)), \
               layers.dilated_depthwise_in_bands(
-                  onednn_forms and runs_on_cpu(device)), \
+                  (onednn_forms and runs_on_cpu(device))
+                  or (amx and onednn_cpu),
+                  layers.MAX_BAND if onednn_forms else layers.MAX_BF16_BAND), \
               layers.filter_gradient_as_matmul(on_onednn), \
               layers.strided_depthwise_input_gradient_at_stride_1(
                   bf16_forms and onednn_cpu), \
