@@ -133,6 +133,13 @@ def onednn_off(environ=None):
   return environ.get(ONEDNN_ENV, '').strip().lower() in ('0', 'false')
 
 
+def _capped_below(level, environ=None):
+  """oneDNN's cap in `environ` (as onednn_isa_cap gives it) where it is
+  below `level` (one of _ONEDNN_ISA_LEVELS' values), else None."""
+  cap = onednn_isa_cap(environ)
+  return cap if cap and cap[2] < level else None
+
+
 def onednn_limit(environ=None):
   """What in `environ` (default: this process's) keeps oneDNN from the
   CPU's instructions, as words for a report ('off (TF_ENABLE_ONEDNN_OPTS=0)',
@@ -149,10 +156,8 @@ def onednn_amx(features, environ=None):
   """Whether oneDNN's kernels run on AMX tiles on a CPU with `features`
   under `environ` (default: this process's): the CPU has AMX, and oneDNN
   is on and not capped below AVX512_CORE_AMX."""
-  if not features.get('amx') or onednn_off(environ):
-    return False
-  cap = onednn_isa_cap(environ)
-  return cap is None or cap[2] >= _AMX
+  return (bool(features.get('amx')) and not onednn_off(environ)
+          and _capped_below(_AMX, environ) is None)
 
 
 def bf16_held_back(environ=None):
@@ -167,8 +172,8 @@ def bf16_held_back(environ=None):
     return ('%s=0 turns TensorFlow\'s oneDNN kernels off, and with them '
             'the native bfloat16 instructions: bf16 trained at 0.94x-1.07x '
             'fp32\'s speed without them' % ONEDNN_ENV)
-  cap = onednn_isa_cap(environ)
-  if cap and cap[2] < _NATIVE_BF16:
+  cap = _capped_below(_NATIVE_BF16, environ)
+  if cap:
     return ('%s=%s keeps oneDNN below AVX512_CORE_BF16: bf16 trained at '
             'half fp32\'s speed there (mobilenet_v2)' % cap[:2])
   return None
@@ -182,9 +187,8 @@ def bf16_refusal(features, environ=None):
   the process ("terminate called after throwing an instance of
   'dnnl::error'") when its instructions are capped below AVX512_CORE.
   """
-  cap = onednn_isa_cap(environ)
-  if (features.get('avx512f') and not onednn_off(environ) and cap
-      and cap[2] < _AVX512_CORE):
+  cap = _capped_below(_AVX512_CORE, environ)
+  if features.get('avx512f') and not onednn_off(environ) and cap:
     return ('%s=%s keeps oneDNN below AVX512_CORE, and TensorFlow hands '
             'bfloat16 ops to oneDNN on this AVX-512 CPU: the process would '
             'abort in its first step. Unset %s (or set it to AVX512_CORE_BF16 '
