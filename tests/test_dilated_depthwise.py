@@ -18,6 +18,10 @@ import model_testing
 
 ONEDNN_ON = session_config.onednn_kernels_on()
 PLAIN = layers.ConvParams(batch_norm=None, activation=None)
+NATIVE_BF16 = pytest.mark.skipif(
+    not (ONEDNN_ON and cpu_lib.native_bf16(cpu_lib.machine_cpu())
+         and cpu_lib.bf16_held_back() is None),
+    reason='runs bf16 where oneDNN has native bfloat16 instructions')
 
 
 def _dilated_ops(graph):
@@ -126,10 +130,7 @@ def _bf16_output_and_gradients(one_op, rate, shape=(2, 21, 21, 16)):
       return sess.run(fetches), _dilated_ops(graph)
 
 
-@pytest.mark.skipif(
-    not (ONEDNN_ON and cpu_lib.native_bf16(cpu_lib.machine_cpu())
-         and cpu_lib.bf16_held_back() is None),
-    reason='runs bf16 where oneDNN has native bfloat16 instructions')
+@NATIVE_BF16
 @pytest.mark.parametrize('rate', [2, 4])
 def test_one_op_form_under_the_bf16_rewrite_is_as_close_as_space_to_batch(
     rate):
@@ -137,15 +138,22 @@ def test_one_op_form_under_the_bf16_rewrite_is_as_close_as_space_to_batch(
   plain, plain_ops = _bf16_output_and_gradients(False, rate)
   one_op, one_op_ops = _bf16_output_and_gradients(True, rate)
   assert (len(plain_ops), len(one_op_ops)) == (0, 2)
+  _assert_as_close_in_bf16(fp32, plain, one_op)
+
+
+def _assert_as_close_in_bf16(fp32, plain, form):
+  """`plain` (space-to-batch) and `form` ([output, d/dx, d/dweights], each
+  under the bf16 rewrite) both ran in bfloat16 (8 bits of mantissa: errors
+  above 1e-4 of the largest float32 value) and `form` is as close to
+  `fp32` as `plain`."""
   for label, reference, a, b in zip(['output', 'd/dx', 'd/dweights'], fp32,
-                                    plain, one_op):
+                                    plain, form):
     scale = float(np.max(np.abs(reference)))
     plain_error = float(np.max(np.abs(a - reference))) / scale
-    one_op_error = float(np.max(np.abs(b - reference))) / scale
-    # Both ran in bfloat16 (8 bits of mantissa), and are as close.
+    form_error = float(np.max(np.abs(b - reference))) / scale
     assert 1e-4 < plain_error < 2e-2, (label, plain_error)
-    assert 1e-4 < one_op_error < 1.5 * plain_error, (label, one_op_error,
-                                                      plain_error)
+    assert 1e-4 < form_error < 1.5 * plain_error, (label, form_error,
+                                                    plain_error)
 
 
 def _space_to_batch_ops(graph):
@@ -319,25 +327,14 @@ def _bf16_banded_output_and_gradients(banded, rate, shape=(2, 21, 21, 16),
       return sess.run(fetches), _space_to_batch_ops(graph)
 
 
-@pytest.mark.skipif(
-    not (ONEDNN_ON and cpu_lib.native_bf16(cpu_lib.machine_cpu())
-         and cpu_lib.bf16_held_back() is None),
-    reason='runs bf16 where oneDNN has native bfloat16 instructions')
+@NATIVE_BF16
 def test_banded_form_under_the_bf16_rewrite_is_as_close_as_space_to_batch():
   fp32, _ = _bf16_banded_output_and_gradients(False, 18, bf16=False)
   plain, plain_ops = _bf16_banded_output_and_gradients(False, 18)
   banded, banded_ops = _bf16_banded_output_and_gradients(True, 18)
   assert plain_ops and not banded_ops
-  for label, reference, a, b in zip(['output', 'd/dx', 'd/dweights'], fp32,
-                                    plain, banded):
-    scale = float(np.max(np.abs(reference)))
-    plain_error = float(np.max(np.abs(a - reference))) / scale
-    banded_error = float(np.max(np.abs(b - reference))) / scale
-    # Both ran in bfloat16 (8 bits of mantissa), and are as close
-    # (measured: 3.6e-3 to 5.1e-3 each).
-    assert 1e-4 < plain_error < 2e-2, (label, plain_error)
-    assert 1e-4 < banded_error < 1.5 * plain_error, (label, banded_error,
-                                                      plain_error)
+  # Measured: 3.6e-3 to 5.1e-3 of the largest value, each.
+  _assert_as_close_in_bf16(fp32, plain, banded)
 
 
 def _strided_input_gradient_ops(graph):

@@ -782,15 +782,14 @@ def strided_depthwise_spread_input_gradient(x, w, stride, padding):
   return conv(x, w)
 
 
-def _bands_pay(shape, rates, max_band=None):
+def _bands_pay(shape, rates, max_band=MAX_BAND):
   """Whether dilated_depthwise_by_bands is used for an NHWC input `shape`
   at `rates`: where every tap but the centre one reaches only a band along
-  the border of at most `max_band` (default MAX_BAND) of the input's size
+  the border of at most `max_band` of the input's size
   in each dilated dimension (size - rate output positions), which the
   space-to-batch form pays for with an input padded up to twelve times
   larger.
   """
-  max_band = MAX_BAND if max_band is None else max_band
   height, width = shape[1], shape[2]
   if height is None or width is None or max(rates) <= 1:
     return False
