@@ -5,7 +5,7 @@
                                                atrous,filter_gradient,
                                                depthwise_filter_gradient,
                                                strided_depthwise,
-                                               activations]
+                                               bn_moments, activations]
                                         [--repeats 15] [--threads 2]
 
 Measures, on this machine and with the settings of the deeplab-* commands
@@ -55,6 +55,16 @@ weighs before changing how the model builds an op:
   for the stride-2 layers of mobilenet_v2 (batch 4) and xception_65
   (batch 2) at crop 321, with the largest relative difference of the
   input gradient;
+- bn_moments: a 1x1 convolution that widens its input, with trained BN
+  and ReLU6, forward, gradients and moving-average updates, with the BN op
+  and with the output's moments from the input's
+  (layers.expanded_batch_norm, what the towers of float32 graphs use on a
+  oneDNN CPU where layers.MAX_INPUT_MOMENT_RATIO admits the shape), for
+  mobilenet_v2 OS8's expansions (batch 4, crop 321) and two wider inputs
+  the rule leaves out, with whether the towers take the moments form and
+  the largest relative difference of the output and the input gradient
+  (at ReLU6's kinks a rounding difference can flip a pixel's gradient, so
+  an occasional 1e-2 is not a fault);
 - activations: ReLU and ReLU6 with their gradients on TensorFlow's
   kernels and compiled by XLA (layers.activate inside
   layers.activations_in_xla, what the towers of bf16 graphs use on a
@@ -114,6 +124,12 @@ DEPTHWISE_FILTER_CASES = (
     ((2, 21, 21, 1536), 2), ((2, 21, 21, 728), 1), ((2, 161, 161, 128), 1),
     ((2, 81, 81, 304), 1), ((4, 161, 161, 96), 1), ((4, 41, 41, 576), 2),
     ((4, 41, 41, 960), 4))
+# (NHWC input, output channels) of 1x1 convolutions with trained BN:
+# mobilenet_v2 OS8's expansions, then two inputs the rule leaves out.
+BN_MOMENTS_CASES = (((4, 161, 161, 16), 96), ((4, 81, 81, 24), 144),
+                    ((4, 41, 41, 32), 192), ((4, 41, 41, 64), 384),
+                    ((4, 41, 41, 96), 576), ((4, 41, 41, 160), 960),
+                    ((2, 81, 81, 128), 256), ((2, 21, 21, 256), 1024))
 # NHWC inputs of stride-2 depthwise convolutions: mobilenet_v2's
 # expanded_conv_1 and _3, xception_65's entry flow blocks 1-3 (padded).
 STRIDED_DEPTHWISE_SHAPES = ((4, 161, 161, 96), (4, 81, 81, 144),
@@ -394,6 +410,42 @@ ACTIVATION_SHAPES = (
 )
 
 
+def bench_bn_moments(config, repeats):
+  print('1x1 convolution, trained BN and ReLU6 with gradients and updates, '
+        'ms, BN op / moments from the input (input, outputs; whether the '
+        'towers take the moments form):')
+  params = layers.ConvParams(bn_training=True, activation=tf.nn.relu6)
+  for shape, outputs in BN_MOMENTS_CASES:
+    with tf.Graph().as_default():
+      x = _variable(shape, 0)
+      upstream = _variable(shape[:3] + (outputs,), 2)
+      ops, values = {}, {}
+      for moments in (False, True):
+        with tf.variable_scope('layer', reuse=moments), \
+            layers.recording() as rec:
+          if moments:
+            # Built directly: the towers' rule may leave the shape out.
+            with tf.variable_scope('conv'):
+              y = layers.expanded_batch_norm(
+                  x, tf.get_variable('weights'), params)
+          else:
+            y = layers.conv2d(x, outputs, 1, params, 'conv')
+        trained = tf.trainable_variables('layer')
+        grads = tf.gradients(y, [x] + trained, upstream)
+        # A sum of the values, not a tf.group of them: grappler turns ops
+        # whose values no op reads into no-ops.
+        with tf.control_dependencies(rec.update_ops):
+          ops[moments] = tf.add_n([_scalar(t) for t in [y] + grads])
+        values[moments] = [y, grads[0]]
+      seconds, fetched = time_and_fetch(ops, values, config, repeats)
+    difference = max(_relative_difference(a, b)
+                     for a, b in zip(fetched[False], fetched[True]))
+    taken = layers._input_moments_pay(shape[3], outputs)
+    print('  %-18s %4d  %6.2f / %6.2f  %-8s  difference %.1e' % (
+        shape, outputs, seconds[False] * 1e3, seconds[True] * 1e3,
+        'taken' if taken else 'left out', difference))
+
+
 def bench_activations(config, repeats):
   print('activation and its gradient, ms (TensorFlow / XLA):')
   for dtype in (tf.float32, tf.bfloat16):
@@ -427,6 +479,7 @@ BENCHES = {'matmul': bench_matmul, 'conv1x1': bench_conv1x1,
            'atrous': bench_atrous, 'filter_gradient': bench_filter_gradient,
            'depthwise_filter_gradient': bench_depthwise_filter_gradient,
            'strided_depthwise': bench_strided_depthwise,
+           'bn_moments': bench_bn_moments,
            'activations': bench_activations}
 
 
