@@ -592,7 +592,9 @@ def _pointwise(x, w):
 # channels 24.9 / 12.9; 4x41x41, 160 to 960 30.4 / 25.7; 2x41x41, 128 to
 # 512 7.6 / 6.8; 2x161x161, 64 to 128 22.3 / 20.1; but 2x81x81, 128 to 256
 # 14.3 / 15.6 and 2x21x21, 256 to 1024 6.4 / 8.7. So the moments come from
-# the input where c_in * c_in is at most this many times c_out.
+# the input where c_in * c_in is at most this many times c_out. The same
+# holds on an AVX2-only first-generation Zen EPYC (benchmarks/
+# kernel_choices.py --only bn_moments; docs/speed.md).
 MAX_INPUT_MOMENT_RATIO = 32
 
 
