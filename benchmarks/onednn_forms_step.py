@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A training step with and without one of the forms the training towers
-build where oneDNN's CPU kernels run, both graphs in one process, steps
-alternated.
+build (most of them where oneDNN's CPU kernels run), both graphs in one
+process, steps alternated.
 
     python benchmarks/onednn_forms_step.py --form=dilation [--rounds=8] \\
         [--steps=3] -- --model_variant=mobilenet_v2 --output_stride=8 \\
@@ -9,9 +9,11 @@ alternated.
            --fine_tune_batch_norm=true
 
 --form is one of FORMS: 'dilation', dilated depthwise convolutions in one
-op (layers.dilated_depthwise_in_one_op), or 'filter_gradient', the filter
+op (layers.dilated_depthwise_in_one_op), 'filter_gradient', the filter
 gradient of large stride-1 convolutions as a matmul over patches
-(layers.filter_gradient_as_matmul). The flags after `--` are
+(layers.filter_gradient_as_matmul), or 'pooling_projection', ASPP's image
+pooling branch projected once per image (layers.
+broadcast_input_projected_once, built on every device). The flags after `--` are
 deeplab-bench's (the model and training flags of deeplab-train). Builds
 the training graph twice on one constant random batch: as the towers build
 it, and with that form turned off (its context entered as disabled). Then
@@ -34,7 +36,10 @@ cpu.apply_process_settings()  # oneDNN kernels, BFC allocator: as the commands
 
 # --form: (the layers context the towers enter for it, the form's name).
 FORMS = {'dilation': ('dilated_depthwise_in_one_op', 'one op'),
-         'filter_gradient': ('filter_gradient_as_matmul', 'patches')}
+         'filter_gradient': ('filter_gradient_as_matmul', 'patches'),
+         'pooling_projection': ('broadcast_input_projected_once', 'once')}
+# The forms built whatever the kernels.
+ANY_KERNELS = ('pooling_projection',)
 WITHOUT = 'without'
 
 
@@ -57,7 +62,8 @@ def main():
   flags.FLAGS(['onednn_forms_step'] + args.flags)
   job = bench_cli.options_from_flags()
   model, train = job.model_options, job.train_options
-  if not session_config.onednn_kernels_on():
+  if (args.form not in ANY_KERNELS
+      and not session_config.onednn_kernels_on()):
     sys.exit('oneDNN kernels are off (TF_ENABLE_ONEDNN_OPTS=0?): the '
              'towers build none of these forms, nothing to compare')
   rng = np.random.RandomState(0)

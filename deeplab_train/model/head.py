@@ -97,10 +97,14 @@ def _separable_conv(x, filters, params, scope, rate=1):
 
 
 def _image_pooling(features, options, params):
-  """Image-level feature: pool, 1x1 conv, resize back to the feature size.
+  """Image-level feature: pool and 1x1 conv, to be resized back to the
+  feature size (`_resized_image_feature`).
 
   As a squeeze-and-excitation gate the conv has biases instead of BN and a
   (hard) sigmoid instead of ReLU.
+
+  Returns:
+    (the feature, the (height, width) to resize it to).
   """
   depth = options.aspp_convs_filters
   if options.crop_size is not None:
@@ -130,10 +134,14 @@ def _image_pooling(features, options, params):
     # The original keeps ReLU here even with bounded activations.
     image_feature = layers.conv2d(pooled, depth, 1, params,
                                   IMAGE_POOLING_SCOPE, activation=tf.nn.relu)
-  image_feature = resize_bilinear(image_feature, [resize_height, resize_width])
-  image_feature.set_shape([None, static_or_none(resize_height),
-                           static_or_none(resize_width), depth])
-  return image_feature
+  return image_feature, (resize_height, resize_width)
+
+
+def _resized_image_feature(image_feature, size):
+  resized = resize_bilinear(image_feature, list(size))
+  resized.set_shape([None, static_or_none(size[0]), static_or_none(size[1]),
+                     image_feature.shape[-1]])
+  return resized
 
 
 def aspp(features, options, params, dropout=None):
@@ -157,12 +165,22 @@ def aspp(features, options, params, dropout=None):
   depth = options.aspp_convs_filters
   branches = []
   gate = None
+  # The image pooling branch where it is one value per image, repeated at
+  # every pixel: a resize from 1x1 (align_corners) copies the value.
+  per_image = None
   if options.add_image_level_feature:
-    image_feature = _image_pooling(features, options, params)
-    if options.aspp_with_squeeze_and_excitation:
-      gate = image_feature
+    image_feature, size = _image_pooling(features, options, params)
+    if (not options.aspp_with_squeeze_and_excitation
+        and options.aspp_with_concat_projection
+        and layers.projects_broadcast_input_once()
+        and image_feature.shape[1:3].as_list() == [1, 1]):
+      per_image = image_feature
     else:
-      branches.append(image_feature)
+      image_feature = _resized_image_feature(image_feature, size)
+      if options.aspp_with_squeeze_and_excitation:
+        gate = image_feature
+      else:
+        branches.append(image_feature)
   branches.append(layers.conv2d(features, depth, 1, params, ASPP_SCOPE + '0'))
   for i, rate in enumerate(options.atrous_rates or (), 1):
     scope = ASPP_SCOPE + str(i)
@@ -172,8 +190,12 @@ def aspp(features, options, params, dropout=None):
       branches.append(layers.conv2d(features, depth, 3, params, scope,
                                     rate=rate))
   net = tf.concat(branches, 3)
-  if options.aspp_with_concat_projection:
+  if per_image is not None:
+    net = layers.pointwise_conv2d_of_broadcast_and(
+        per_image, net, depth, params, CONCAT_PROJECTION_SCOPE)
+  elif options.aspp_with_concat_projection:
     net = layers.conv2d(net, depth, 1, params, CONCAT_PROJECTION_SCOPE)
+  if options.aspp_with_concat_projection:
     if dropout is not None:
       net = dropout(net)
   if gate is not None:

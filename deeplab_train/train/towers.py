@@ -120,7 +120,9 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
       layers.batch_norm_from_input_moments), towers on a CPU the banded
       dilated depthwise convolutions (layers.dilated_depthwise_in_bands);
       False: none does. Towers on a CPU score each image in ops of its own
-      (losses_lib.per_image) either way.
+      (losses_lib.per_image) either way, and every tower folds frozen BN
+      (layers.folding_frozen_batch_norm) and projects ASPP's image pooling
+      branch once per image (layers.broadcast_input_projected_once).
     bf16_forms: the graph is for grappler's bf16 rewrite: towers whose
       device runs oneDNN's CPU kernels compute the input gradients of
       strided depthwise convolutions at stride 1, where oneDNN's bfloat16
@@ -151,6 +153,7 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
           with layers.recording() as rec, \
               losses_lib.per_image(runs_on_cpu(device)), \
               layers.folding_frozen_batch_norm(), \
+              layers.broadcast_input_projected_once(), \
               layers.batch_norm_from_input_moments(on_onednn), \
               layers.dilated_depthwise_in_one_op(
                   on_onednn or (amx and onednn_cpu)), \
