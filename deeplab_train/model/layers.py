@@ -375,10 +375,11 @@ def broadcast_input_projected_once(enabled=True):
   repeated value's product is the same at every pixel. For mobilenet_v2
   OS8 at crop 321 (41x41 features, 512 channels into concat_projection,
   half of them the image pooling branch's) this halves concat_projection's
-  products, 3.3 of a training step's 82 GFLOP in 1x1 convolutions, and
-  drops the concatenation, its gradient's slices and the resize with its
-  gradient; for xception_65 OS16 (five branches at 21x21) it saves a fifth
-  of a small layer. Entered by the training towers, on every device;
+  products (a training step of batch 4 counted 92.1 GFLOP before, 89.5
+  after, by `deeplab-bench`) and drops the concatenation, its gradient's
+  slices and the resize with its gradient: 1.02x a step on an AVX2-only
+  CPU (docs/speed.md). For xception_65 OS16 (five branches at 21x21) it
+  saves a fifth of a small layer. Entered by the training towers, on every device;
   inference graphs keep the original's ops.
   """
   with _setting('broadcast_projected_once', enabled):
