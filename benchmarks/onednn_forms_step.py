@@ -12,15 +12,16 @@ process, steps alternated.
 op (layers.dilated_depthwise_in_one_op), 'filter_gradient', the filter
 gradient of large stride-1 convolutions as a matmul over patches
 (layers.filter_gradient_as_matmul), or 'pooling_projection', ASPP's image
-pooling branch projected once per image (layers.
-broadcast_input_projected_once, built on every device). The flags after `--` are
-deeplab-bench's (the model and training flags of deeplab-train). Builds
-the training graph twice on one constant random batch: as the towers build
-it, and with that form turned off (its context entered as disabled). Then
-runs --rounds rounds of --steps steps of each, alternating which goes
-first, and prints each round's median s/step and the medians over all
-steps. One process, so both graphs see the same machine state: steadier
-than separate runs on a shared 2-core machine.
+pooling branch projected once per image
+(layers.broadcast_input_projected_once, built on every device). The flags
+after `--` are deeplab-bench's (the model and training flags of
+deeplab-train). Builds the training graph twice on one constant random
+batch: as the towers build it, and with that form turned off (its context
+entered as disabled). Then runs --rounds rounds of --steps steps of
+each, alternating which goes first, and prints each round's median
+s/step and the medians over all steps. One process, so both graphs see
+the same machine state: steadier than separate runs on a shared 2-core
+machine.
 """
 import argparse
 import os

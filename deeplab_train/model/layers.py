@@ -379,8 +379,8 @@ def broadcast_input_projected_once(enabled=True):
   after, by `deeplab-bench`) and drops the concatenation, its gradient's
   slices and the resize with its gradient: 1.02x a step on an AVX2-only
   CPU (docs/speed.md). For xception_65 OS16 (five branches at 21x21) it
-  saves a fifth of a small layer. Entered by the training towers, on every device;
-  inference graphs keep the original's ops.
+  saves a fifth of a small layer. Entered by the training towers, on every
+  device; inference graphs keep the original's ops.
   """
   with _setting('broadcast_projected_once', enabled):
     yield
