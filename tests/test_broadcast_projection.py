@@ -86,7 +86,7 @@ def test_projected_once_equals_the_projection_of_the_concatenation(bn, rates):
 
 
 def test_pooling_smaller_than_the_features_keeps_the_concatenation():
-  """A pooled map of 2x2 is not one value per image: resized and
+  """A pooled map of 5x5 is not one value per image: resized and
   concatenated as the original does, in either context."""
   options = _options(image_pooling_crop_size=(33, 33))  # 5x5 pool of 9x9
   _, plain, _ = _build(options, True, False)

@@ -190,12 +190,12 @@ def aspp(features, options, params, dropout=None):
       branches.append(layers.conv2d(features, depth, 3, params, scope,
                                     rate=rate))
   net = tf.concat(branches, 3)
-  if per_image is not None:
-    net = layers.pointwise_conv2d_of_broadcast_and(
-        per_image, net, depth, params, CONCAT_PROJECTION_SCOPE)
-  elif options.aspp_with_concat_projection:
-    net = layers.conv2d(net, depth, 1, params, CONCAT_PROJECTION_SCOPE)
   if options.aspp_with_concat_projection:
+    if per_image is not None:
+      net = layers.pointwise_conv2d_of_broadcast_and(
+          per_image, net, depth, params, CONCAT_PROJECTION_SCOPE)
+    else:
+      net = layers.conv2d(net, depth, 1, params, CONCAT_PROJECTION_SCOPE)
     if dropout is not None:
       net = dropout(net)
   if gate is not None:
