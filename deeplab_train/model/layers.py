@@ -684,7 +684,7 @@ def expanded_batch_norm(x, w, params: ConvParams, activation=_DEFAULT,
     beta, gamma, moving_mean, moving_variance = _batch_norm_variables(
         num_outputs, bn)
     input_mean = tf.reduce_mean(pixels, 0)
-    covariance = (tf.matmul(pixels, pixels, transpose_a=True) / count
+    covariance = (_gram(pixels) / count
                   - input_mean[:, None] * input_mean[None, :])
     mean = tf.linalg.matvec(weights, input_mean, transpose_a=True)
     # Rounding can take a variance of (nearly) 0 below it.
@@ -710,6 +710,21 @@ def expanded_batch_norm(x, w, params: ConvParams, activation=_DEFAULT,
   y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [num_outputs]], 0))
   y.set_shape(x.shape[:-1].concatenate([num_outputs]))
   return y
+
+
+def _gram(x):
+  """x' x for a matrix x (n x c), with the gradient x (g + g') as one
+  matmul: TensorFlow's gradient of tf.matmul(x, x, transpose_a=True) is
+  two matmuls of x, one for each operand, each as large as the forward
+  product (n c^2 multiply-adds)."""
+
+  @tf.custom_gradient
+  def gram(x):
+    def grad(g):
+      return tf.matmul(x, g + tf.transpose(g))
+    return tf.matmul(x, x, transpose_a=True), grad
+
+  return gram(x)
 
 
 def depthwise_conv2d(x, kernel_size, params: ConvParams, scope,
