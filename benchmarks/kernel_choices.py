@@ -43,11 +43,16 @@ weighs before changing how the model builds an op:
   the largest relative difference;
 - depthwise_filter_gradient: the filter gradient of a 3x3 depthwise
   convolution (stride 1, SAME, dilated or not) as TensorFlow builds it
-  (the undilated kernel, after space-to-batch where dilated) and as one
-  depthwise convolution of the padded input with the output gradient as
-  its kernel (depthwise_filter_gradient_by_conv), for the shapes of
-  xception_65 OS16 (ASPP, exit flow, middle flow, entry flow, decoder) and
-  mobilenet_v2 OS8, with the largest relative difference;
+  (the undilated kernel, after space-to-batch where dilated; oneDNN's
+  where its kernels are on), the same in TensorFlow's own kernel (layers.
+  tf_kernel_filter_gradients, what the towers of float32 graphs use on a
+  oneDNN CPU without AVX-512 for the shapes of layers.
+  MAX_TF_KERNEL_FILTER_GRADIENT_CHANNELS) and as one depthwise
+  convolution of the padded input with the output gradient as its kernel
+  (depthwise_filter_gradient_by_conv), for the shapes of xception_65 OS16
+  (ASPP, exit flow, middle flow, entry flow, decoder) and mobilenet_v2
+  OS8, and widths around the rule's bounds, with the largest relative
+  differences;
 - strided_depthwise: a stride-2 3x3 depthwise convolution ('SAME') with
   both gradients as TensorFlow builds it and with the input gradient at
   stride 1 (layers.strided_depthwise_spread_input_gradient, what the
@@ -123,7 +128,9 @@ DEPTHWISE_FILTER_CASES = (
     ((2, 21, 21, 2048), 6), ((2, 21, 21, 2048), 12), ((2, 21, 21, 2048), 18),
     ((2, 21, 21, 1536), 2), ((2, 21, 21, 728), 1), ((2, 161, 161, 128), 1),
     ((2, 81, 81, 304), 1), ((4, 161, 161, 96), 1), ((4, 41, 41, 576), 2),
-    ((4, 41, 41, 960), 4))
+    ((4, 41, 41, 960), 4), ((4, 41, 41, 960), 1), ((4, 81, 81, 144), 1),
+    ((4, 161, 161, 32), 1), ((2, 21, 21, 1024), 1), ((2, 41, 41, 1024), 1),
+    ((2, 21, 21, 2048), 1), ((2, 41, 41, 728), 1))
 # (NHWC input, output channels) of 1x1 convolutions with trained BN:
 # mobilenet_v2 OS8's expansions, then two inputs the rule leaves out.
 BN_MOMENTS_CASES = (((4, 161, 161, 16), 96), ((4, 81, 81, 24), 144),
@@ -359,17 +366,23 @@ def bench_depthwise_filter_gradient(config, repeats):
       x, w, upstream = _depthwise_inputs(shape)
       y = tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], 'SAME',
                                  dilations=[rate, rate])
+      with layers.tf_kernel_filter_gradients():
+        y_tf_kernel = tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], 'SAME',
+                                             dilations=[rate, rate])
       forms = {'TensorFlow': tf.gradients(y, w, upstream)[0],
+               "TensorFlow's kernel": tf.gradients(y_tf_kernel, w,
+                                                   upstream)[0],
                'as a convolution': depthwise_filter_gradient_by_conv(
                    x, upstream, 3, rate)}
       seconds, values = time_and_fetch(
           {name: _scalar(g) for name, g in forms.items()}, forms, config,
           repeats)
-    print('  %-18s rate %-2d %s  (largest relative difference: %.1e)' % (
+    print('  %-18s rate %-2d %s  (largest relative difference: %s)' % (
         shape, rate, '  '.join('%s %6.2f' % (name, s * 1e3)
                                for name, s in seconds.items()),
-        _relative_difference(values['TensorFlow'],
-                             values['as a convolution'])))
+        ', '.join('%.1e' % _relative_difference(values['TensorFlow'],
+                                                values[name])
+                  for name in forms if name != 'TensorFlow')))
 
 
 def bench_strided_depthwise(config, repeats):

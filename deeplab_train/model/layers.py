@@ -296,6 +296,118 @@ def dilated_depthwise_in_bands(enabled=True, max_band=MAX_BAND):
     yield
 
 
+# Depthwise layers whose filter gradient `depthwise_filter_gradient_in_
+# tensorflow_kernel` computes in TensorFlow's own kernel: input channels
+# from MIN_ to below MAX_TF_KERNEL_FILTER_GRADIENT_CHANNELS, and at least
+# MIN_TF_KERNEL_FILTER_GRADIENT_PIXELS input pixels (batch x height x
+# width). On a 2-core AVX2-only EPYC, two runs of `python
+# benchmarks/kernel_choices.py --only depthwise_filter_gradient` (3x3,
+# stride 1, the gradient alone), ms for oneDNN's kernel / TensorFlow's:
+# 4x161x161x96 28.9 / 28.9 and 30.3 / 19.5, 4x81x81x144 11.0 / 8.8 and
+# 11.0 / 8.0, 4x41x41x960 17.0 / 17.5 and 17.3 / 12.6, the same at rate 4
+# (after space-to-batch) 32.0 / 26.3 and 36.8 / 26.5, 2x161x161x128 20.2
+# / 26.3 and 20.5 / 16.1; TensorFlow's kernel varies more from run to
+# run, and is slower for small inputs (2x21x21x728 1.1 / 2.5 and 1.2 /
+# 2.6), 1024 channels and more (2x41x41x1024 12.8 / 39.3 and 13.1 /
+# 47.8, 2x21x21x2048 4.7 / 15.9) and 32 (4x161x161x32 8.1 / 8.8). In the
+# towers' step the gain holds: a traced mobilenet_v2 OS8 step (batch 4,
+# crop 321) spent 81.7 ms in its ten dilated layers' filter gradients
+# against 167.7 (docs/speed.md).
+MIN_TF_KERNEL_FILTER_GRADIENT_CHANNELS = 64
+MAX_TF_KERNEL_FILTER_GRADIENT_CHANNELS = 1024
+MIN_TF_KERNEL_FILTER_GRADIENT_PIXELS = 2048
+
+
+@contextlib.contextmanager
+def depthwise_filter_gradient_in_tensorflow_kernel(enabled=True):
+  """Context in which the filter gradient of a float32 depthwise
+  convolution with 64 to 1023 input channels and at least 2048 input
+  pixels (as built; the space-to-batch form's undilated op, and the filter
+  gradient of `dilated_depthwise_one_op`) runs in TensorFlow's own kernel
+  instead of oneDNN's, the same sum in another order.
+
+  TensorFlow hands the op to oneDNN whenever its kernels are on; with the
+  padding given as numbers ('EXPLICIT') it keeps its own kernel, which on
+  an AVX2-only CPU was faster for those shapes, slower for others
+  (MAX_TF_KERNEL_FILTER_GRADIENT_CHANNELS). Entered by the training towers
+  of float32 graphs whose device runs oneDNN's kernels without AVX-512
+  (cpu.onednn_avx512), the only CPUs where it was measured.
+  """
+  with _setting('tf_kernel_filter_gradient', enabled):
+    yield
+
+
+def _tf_kernel_filter_gradient_pays(x):
+  """Whether a depthwise convolution of x takes its filter gradient from
+  TensorFlow's kernel here (`depthwise_filter_gradient_in_tensorflow_
+  kernel`)."""
+  pixels = x.shape[:-1].num_elements()
+  return bool(getattr(_state, 'tf_kernel_filter_gradient', False)
+              and x.dtype == tf.float32
+              and (MIN_TF_KERNEL_FILTER_GRADIENT_CHANNELS <= int(x.shape[-1])
+                   < MAX_TF_KERNEL_FILTER_GRADIENT_CHANNELS)
+              and pixels and pixels >= MIN_TF_KERNEL_FILTER_GRADIENT_PIXELS)
+
+
+_TF_KERNEL_DEPTHWISE_GRADIENT = 'DeeplabDepthwiseTfKernelFilterGradient'
+
+
+@tf.RegisterGradient(_TF_KERNEL_DEPTHWISE_GRADIENT)
+def _depthwise_gradient_tf_kernel_filter(op, grad):
+  """The gradients of a DepthwiseConv2dNative op: the input's as
+  TensorFlow builds it, the filter's with the padding as numbers
+  (`depthwise_filter_gradient_tf_kernel`)."""
+  x, w = op.inputs
+  attrs = {name: op.get_attr(name) for name in (
+      'strides', 'padding', 'explicit_paddings', 'data_format',
+      'dilations')}
+  dx = tf.raw_ops.DepthwiseConv2dNativeBackpropInput(
+      input_sizes=tf.shape(x), filter=w, out_backprop=grad, **attrs)
+  return dx, depthwise_filter_gradient_tf_kernel(x, w, grad, attrs)
+
+
+def depthwise_filter_gradient_tf_kernel(x, w, dy, attrs):
+  """The filter gradient of a DepthwiseConv2dNative op with `attrs`
+  (strides, padding, explicit_paddings, data_format, dilations) of input
+  x, weights w and output gradient dy; for an NHWC op without dilation
+  and with known height and width, 'SAME' or 'VALID' given as the numbers
+  they stand for, which keeps it in TensorFlow's own CPU kernel."""
+  padding = attrs['padding']
+  padding = padding.decode() if isinstance(padding, bytes) else padding
+  data_format = attrs['data_format']
+  data_format = (data_format.decode() if isinstance(data_format, bytes)
+                 else data_format)
+  strides = list(attrs['strides'])
+  sizes = x.shape[1:3].as_list()
+  if (padding in ('SAME', 'VALID') and data_format == 'NHWC'
+      and list(attrs['dilations']) == [1, 1, 1, 1] and None not in sizes):
+    pads = [0, 0]
+    for size, kernel, stride in zip(sizes, w.shape[:2].as_list(),
+                                    strides[1:3]):
+      total = 0
+      if padding == 'SAME':
+        total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
+      pads += [total // 2, total - total // 2]
+    attrs = dict(attrs, padding='EXPLICIT', explicit_paddings=pads + [0, 0])
+  return tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
+      input=x, filter_sizes=tf.shape(w), out_backprop=dy, **attrs)
+
+
+def tf_kernel_filter_gradients():
+  """Context in which the DepthwiseConv2dNative ops built take their
+  filter gradient from depthwise_filter_gradient_tf_kernel."""
+  return tf.get_default_graph().gradient_override_map(
+      {'DepthwiseConv2dNative': _TF_KERNEL_DEPTHWISE_GRADIENT})
+
+
+def _tf_kernel_filter_gradient_for(x):
+  """tf_kernel_filter_gradients where that pays for a depthwise layer of
+  x, else a context that changes nothing."""
+  if _tf_kernel_filter_gradient_pays(x):
+    return tf_kernel_filter_gradients()
+  return contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def filter_gradient_as_matmul(enabled=True):
   """Context in which a large stride-1 convolution's filter gradient is a
@@ -758,9 +870,10 @@ def depthwise_conv2d(x, kernel_size, params: ConvParams, scope,
           and _bands_pay(x.shape, rates, _state.banded_dilation)):
       y = dilated_depthwise_by_bands(x, w, rates)
     else:
-      y = tf.nn.depthwise_conv2d(
-          x, _compute_dtype(x, w), strides=[1, stride, stride, 1],
-          padding=padding, dilations=list(rates))
+      with _tf_kernel_filter_gradient_for(x):
+        y = tf.nn.depthwise_conv2d(
+            x, _compute_dtype(x, w), strides=[1, stride, stride, 1],
+            padding=padding, dilations=list(rates))
     return _finish(y, params, activation, use_bias,
                    channels * depth_multiplier, normalize, offset)
 
@@ -778,6 +891,8 @@ def dilated_depthwise_one_op(x, w, rates):
   ('SAME', stride 1, odd kernel, depth multiplier 1; oneDNN CPU only)."""
   dilations = [1, rates[0], rates[1], 1]
   strides = [1, 1, 1, 1]
+  # Read now: the gradient is built later, outside the layer's contexts.
+  tf_kernel = _tf_kernel_filter_gradient_pays(x)
 
   @tf.custom_gradient
   def conv(x, w):
@@ -786,9 +901,11 @@ def dilated_depthwise_one_op(x, w, rates):
       # the correlation of dy with the kernel flipped in space.
       dx = tf.nn.depthwise_conv2d_native(
           dy, tf.reverse(w, [0, 1]), strides, 'SAME', dilations=dilations)
-      dw = tf.gradients(
-          tf.nn.depthwise_conv2d(x, w, strides, 'SAME',
-                                 dilations=list(rates)), w, dy)[0]
+      with (tf_kernel_filter_gradients() if tf_kernel
+            else contextlib.nullcontext()):
+        dw = tf.gradients(
+            tf.nn.depthwise_conv2d(x, w, strides, 'SAME',
+                                   dilations=list(rates)), w, dy)[0]
       return dx, dw
     return tf.nn.depthwise_conv2d_native(
         x, w, strides, 'SAME', dilations=dilations), grad

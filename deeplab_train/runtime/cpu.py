@@ -152,6 +152,14 @@ def onednn_limit(environ=None):
   return None
 
 
+def onednn_avx512(features, environ=None):
+  """Whether oneDNN's kernels use AVX-512 on a CPU with `features` under
+  `environ` (default: this process's): the CPU has AVX-512, and oneDNN is
+  on and not capped below AVX512_CORE."""
+  return (bool(features.get('avx512f')) and not onednn_off(environ)
+          and _capped_below(_AVX512_CORE, environ) is None)
+
+
 def onednn_amx(features, environ=None):
   """Whether oneDNN's kernels run on AMX tiles on a CPU with `features`
   under `environ` (default: this process's): the CPU has AMX, and oneDNN

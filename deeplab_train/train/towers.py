@@ -117,8 +117,11 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
     onednn_forms: towers whose device runs oneDNN's CPU kernels build the
       forms that are faster there (layers.dilated_depthwise_in_one_op,
       layers.filter_gradient_as_matmul,
-      layers.batch_norm_from_input_moments), towers on a CPU the banded
-      dilated depthwise convolutions (layers.dilated_depthwise_in_bands);
+      layers.batch_norm_from_input_moments), and where those kernels do
+      not use AVX-512 the depthwise filter gradients in TensorFlow's own
+      kernel (layers.depthwise_filter_gradient_in_tensorflow_kernel);
+      towers on a CPU the banded dilated depthwise convolutions
+      (layers.dilated_depthwise_in_bands);
       False: none does. Towers on a CPU score each image in ops of its own
       (losses_lib.per_image) either way, and every tower folds frozen BN
       (layers.folding_frozen_batch_norm) and projects ASPP's image pooling
@@ -140,7 +143,9 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
   Returns:
     A list of `Tower`.
   """
-  amx = bf16_forms and cpu_lib.onednn_amx(cpu_lib.machine_cpu())
+  features = cpu_lib.machine_cpu()
+  amx = bf16_forms and cpu_lib.onednn_amx(features)
+  avx512 = cpu_lib.onednn_avx512(features)
   towers = []
   for i, device in enumerate(devices):
     # The variable scope is entered before the name scope: re-entering the
@@ -162,6 +167,8 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
                   or (amx and onednn_cpu),
                   layers.MAX_BAND if onednn_forms else layers.MAX_BF16_BAND), \
               layers.filter_gradient_as_matmul(on_onednn), \
+              layers.depthwise_filter_gradient_in_tensorflow_kernel(
+                  on_onednn and not avx512), \
               layers.strided_depthwise_input_gradient_at_stride_1(
                   bf16_forms and onednn_cpu), \
               layers.activations_in_xla(xla_activations and onednn_cpu):
