@@ -372,22 +372,18 @@ def depthwise_filter_gradient_tf_kernel(x, w, dy, attrs):
   x, weights w and output gradient dy; for an NHWC op without dilation
   and with known height and width, 'SAME' or 'VALID' given as the numbers
   they stand for, which keeps it in TensorFlow's own CPU kernel."""
-  padding = attrs['padding']
-  padding = padding.decode() if isinstance(padding, bytes) else padding
-  data_format = attrs['data_format']
-  data_format = (data_format.decode() if isinstance(data_format, bytes)
-                 else data_format)
-  strides = list(attrs['strides'])
+  padding, data_format = (
+      value.decode() if isinstance(value, bytes) else value
+      for value in (attrs['padding'], attrs['data_format']))
   sizes = x.shape[1:3].as_list()
   if (padding in ('SAME', 'VALID') and data_format == 'NHWC'
       and list(attrs['dilations']) == [1, 1, 1, 1] and None not in sizes):
     pads = [0, 0]
     for size, kernel, stride in zip(sizes, w.shape[:2].as_list(),
-                                    strides[1:3]):
-      total = 0
-      if padding == 'SAME':
-        total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
-      pads += [total // 2, total - total // 2]
+                                    list(attrs['strides'])[1:3]):
+      outputs, before = _strided_extent(size, kernel, stride, padding)
+      pads += [before,
+               max((outputs - 1) * stride + kernel - size - before, 0)]
     attrs = dict(attrs, padding='EXPLICIT', explicit_paddings=pads + [0, 0])
   return tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
       input=x, filter_sizes=tf.shape(w), out_backprop=dy, **attrs)
@@ -400,12 +396,10 @@ def tf_kernel_filter_gradients():
       {'DepthwiseConv2dNative': _TF_KERNEL_DEPTHWISE_GRADIENT})
 
 
-def _tf_kernel_filter_gradient_for(x):
-  """tf_kernel_filter_gradients where that pays for a depthwise layer of
-  x, else a context that changes nothing."""
-  if _tf_kernel_filter_gradient_pays(x):
-    return tf_kernel_filter_gradients()
-  return contextlib.nullcontext()
+def _tf_kernel_filter_gradients_if(pays):
+  """tf_kernel_filter_gradients if `pays` (_tf_kernel_filter_gradient_pays
+  of the layer's input), else a context that changes nothing."""
+  return tf_kernel_filter_gradients() if pays else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -870,7 +864,7 @@ def depthwise_conv2d(x, kernel_size, params: ConvParams, scope,
           and _bands_pay(x.shape, rates, _state.banded_dilation)):
       y = dilated_depthwise_by_bands(x, w, rates)
     else:
-      with _tf_kernel_filter_gradient_for(x):
+      with _tf_kernel_filter_gradients_if(_tf_kernel_filter_gradient_pays(x)):
         y = tf.nn.depthwise_conv2d(
             x, _compute_dtype(x, w), strides=[1, stride, stride, 1],
             padding=padding, dilations=list(rates))
@@ -901,8 +895,7 @@ def dilated_depthwise_one_op(x, w, rates):
       # the correlation of dy with the kernel flipped in space.
       dx = tf.nn.depthwise_conv2d_native(
           dy, tf.reverse(w, [0, 1]), strides, 'SAME', dilations=dilations)
-      with (tf_kernel_filter_gradients() if tf_kernel
-            else contextlib.nullcontext()):
+      with _tf_kernel_filter_gradients_if(tf_kernel):
         dw = tf.gradients(
             tf.nn.depthwise_conv2d(x, w, strides, 'SAME',
                                    dilations=list(rates)), w, dy)[0]

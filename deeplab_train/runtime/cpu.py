@@ -152,20 +152,26 @@ def onednn_limit(environ=None):
   return None
 
 
+def _onednn_uses(feature, level, features, environ=None):
+  """Whether oneDNN's kernels use the CPU's `feature` (a cpu_features key)
+  under `environ`: the CPU has it, and oneDNN is on and not capped below
+  `level` (one of _ONEDNN_ISA_LEVELS' values)."""
+  return (bool(features.get(feature)) and not onednn_off(environ)
+          and _capped_below(level, environ) is None)
+
+
 def onednn_avx512(features, environ=None):
   """Whether oneDNN's kernels use AVX-512 on a CPU with `features` under
   `environ` (default: this process's): the CPU has AVX-512, and oneDNN is
   on and not capped below AVX512_CORE."""
-  return (bool(features.get('avx512f')) and not onednn_off(environ)
-          and _capped_below(_AVX512_CORE, environ) is None)
+  return _onednn_uses('avx512f', _AVX512_CORE, features, environ)
 
 
 def onednn_amx(features, environ=None):
   """Whether oneDNN's kernels run on AMX tiles on a CPU with `features`
   under `environ` (default: this process's): the CPU has AMX, and oneDNN
   is on and not capped below AVX512_CORE_AMX."""
-  return (bool(features.get('amx')) and not onednn_off(environ)
-          and _capped_below(_AMX, environ) is None)
+  return _onednn_uses('amx', _AMX, features, environ)
 
 
 def bf16_held_back(environ=None):
