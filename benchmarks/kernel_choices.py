@@ -5,7 +5,8 @@
                                                atrous,filter_gradient,
                                                depthwise_filter_gradient,
                                                strided_depthwise,
-                                               bn_moments, activations]
+                                               bn_moments, bn_padded,
+                                               activations]
                                         [--repeats 15] [--threads 2]
 
 Measures, on this machine and with the settings of the deeplab-* commands
@@ -70,6 +71,15 @@ weighs before changing how the model builds an op:
   the largest relative difference of the output and the input gradient
   (at ReLU6's kinks a rounding difference can flip a pixel's gradient, so
   an occasional 1e-2 is not a fault);
+- bn_padded: a 1x1 convolution with trained BN and ReLU6, forward,
+  gradients and moving-average updates, with the BN op on the output's
+  channels and on them padded with zero channels to a multiple of
+  layers.BATCH_NORM_CHANNEL_BLOCK (layers.batch_norm_channels_padded, what
+  the towers use where oneDNN's kernels use AVX-512), in
+  float32 and in bfloat16, for mobilenet_v2 OS8's 24-channel projections
+  (batch 4, crop 321) and other widths, with whether the towers pad it
+  and the largest relative difference of the output and the input
+  gradient;
 - activations: ReLU and ReLU6 with their gradients on TensorFlow's
   kernels and compiled by XLA (layers.activate inside
   layers.activations_in_xla, what the towers of bf16 graphs use on a
@@ -459,6 +469,50 @@ def bench_bn_moments(config, repeats):
         'taken' if taken else 'left out', difference))
 
 
+# (input shape, output channels): mobilenet_v2 OS8's projections to 24
+# channels (batch 4, crop 321), a block's width for comparison, other
+# widths off the block, and xception_65's 728 (batch 2).
+BN_PADDED_CASES = (
+    ((4, 81, 81, 96), 24), ((4, 81, 81, 144), 24), ((4, 81, 81, 96), 32),
+    ((4, 41, 41, 96), 40), ((4, 41, 41, 96), 200), ((4, 41, 41, 96), 360),
+    ((2, 41, 41, 728), 728), ((2, 21, 21, 728), 728),
+)
+
+
+def bench_bn_padded(config, repeats):
+  print('1x1 convolution, trained BN and ReLU6 with gradients and updates, '
+        'ms, BN op / on channels padded (input, outputs; whether the towers '
+        'pad it where oneDNN uses AVX-512):')
+  params = layers.ConvParams(bn_training=True, activation=tf.nn.relu6)
+  for dtype in (tf.float32, tf.bfloat16):
+    for shape, outputs in BN_PADDED_CASES:
+      with tf.Graph().as_default():
+        x = _variable(shape, 0, dtype)
+        upstream = _variable(shape[:3] + (outputs,), 2, dtype)
+        ops, values = {}, {}
+        for padded in (False, True):
+          with tf.variable_scope('layer', reuse=padded), \
+              layers.recording() as rec, \
+              layers.batch_norm_channels_padded(padded):
+            y = layers.conv2d(x, outputs, 1, params, 'conv')
+          trained = tf.trainable_variables('layer')
+          grads = tf.gradients(y, [x] + trained, upstream)
+          with tf.control_dependencies(rec.update_ops):
+            ops[padded] = tf.add_n([tf.cast(_scalar(t), tf.float32)
+                                    for t in [y] + grads])
+          values[padded] = [tf.cast(y, tf.float32),
+                            tf.cast(grads[0], tf.float32)]
+        seconds, fetched = time_and_fetch(ops, values, config, repeats)
+      difference = max(_relative_difference(a, b)
+                       for a, b in zip(fetched[False], fetched[True]))
+      with layers.batch_norm_channels_padded():
+        taken = layers._batch_norm_channel_padding(outputs) > 0
+      print('  %-8s %-18s %4d  %6.2f / %6.2f  %-8s  difference %.1e' % (
+          dtype.name, shape, outputs, seconds[False] * 1e3,
+          seconds[True] * 1e3, 'padded' if taken else 'left out',
+          difference))
+
+
 def bench_activations(config, repeats):
   print('activation and its gradient, ms (TensorFlow / XLA):')
   for dtype in (tf.float32, tf.bfloat16):
@@ -492,7 +546,7 @@ BENCHES = {'matmul': bench_matmul, 'conv1x1': bench_conv1x1,
            'atrous': bench_atrous, 'filter_gradient': bench_filter_gradient,
            'depthwise_filter_gradient': bench_depthwise_filter_gradient,
            'strided_depthwise': bench_strided_depthwise,
-           'bn_moments': bench_bn_moments,
+           'bn_moments': bench_bn_moments, 'bn_padded': bench_bn_padded,
            'activations': bench_activations}
 
 

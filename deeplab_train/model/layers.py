@@ -180,8 +180,8 @@ def batch_norm(x, params: ConvParams, scope='BatchNorm'):
         channels, bn)
     if params.bn_training:
       # fused_batch_norm takes fp32 scale/offset for fp16/bf16 inputs too.
-      out, mean, variance = tf.nn.fused_batch_norm(
-          x, gamma, beta, epsilon=bn.epsilon, is_training=True)
+      out, mean, variance = _trained_fused_batch_norm(x, gamma, beta,
+                                                      bn.epsilon)
       # 1 - decay in float32 arithmetic, as slim's moving averages compute
       # it (it differs from float32(1 - decay) in the last bits).
       decay = tf.subtract(1.0, tf.constant(bn.decay, tf.float32))
@@ -197,6 +197,72 @@ def batch_norm(x, params: ConvParams, scope='BatchNorm'):
           x, gamma, beta, mean=moving_mean, variance=moving_variance,
           epsilon=bn.epsilon, is_training=False)
   return out
+
+
+# oneDNN's batch norm kernels compiled for AVX-512 take channels in blocks
+# of 16. For other counts oneDNN runs, in bfloat16, a generic kernel
+# (ONEDNN_VERBOSE: "nspc_bnorm:any" instead of "bnorm_tbb_jit:
+# avx512_core_bf16"), and in float32 its AVX2 kernel.
+BATCH_NORM_CHANNEL_BLOCK = 16
+
+
+@contextlib.contextmanager
+def batch_norm_channels_padded(enabled=True):
+  """Context in which a trained BatchNorm whose channel count is not a
+  multiple of BATCH_NORM_CHANNEL_BLOCK runs on its input padded with zero
+  channels up to the next multiple, and its output, mean and variance are
+  cut back to the real channels (`_trained_fused_batch_norm`).
+
+  Each channel is normalised on its own, so the real channels get the
+  same values as without the padding; the padded ones are zeros with zero
+  variance, which the BN maps to zeros, and their gradients are zeros.
+  On a 2-core Xeon with AMX (`python benchmarks/kernel_choices.py --only
+  bn_padded`: a 1x1 convolution, trained BN and ReLU6 with gradients and
+  updates, ms, as the op / padded), in bfloat16 mobilenet_v2's
+  24-channel projections 18.5 / 2.8 (4x81x81 from 96), 40 channels 4.1 /
+  1.3, 200 channels 11.4 / 4.3, xception_65's 728 21.9 / 12.3 (2x41x41);
+  in float32 24 channels 4.6 / 4.2, 200 7.4 / 5.5, 728 41.2 / 36.2. In
+  a traced mobilenet_v2 OS8 bf16 step (batch 4, crop 321, one inter-op
+  thread) the two projections' BN ops took 2.8 ms against 30.4; the step's
+  wall time on two cores moved within the noise (docs/speed.md). Entered by the training towers whose device runs oneDNN's kernels with
+  AVX-512: in float32 graphs, and in graphs for grappler's bf16 rewrite
+  where those kernels use native bfloat16. Without AVX-512 oneDNN's
+  blocks are of 8 channels, which mobilenet_v2's and xception_65's
+  counts are multiples of.
+  """
+  with _setting('bn_channels_padded', enabled):
+    yield
+
+
+def _batch_norm_channel_padding(channels):
+  """How many zero channels a trained BN of `channels` channels gets."""
+  if not getattr(_state, 'bn_channels_padded', False):
+    return 0
+  return -channels % BATCH_NORM_CHANNEL_BLOCK
+
+
+def _trained_fused_batch_norm(x, gamma, beta, epsilon):
+  """tf.nn.fused_batch_norm in training mode: (output, batch mean, batch
+  variance), on `x` padded with zero channels where
+  `batch_norm_channels_padded` asks for it."""
+  channels = int(x.shape[-1])
+  padding = _batch_norm_channel_padding(channels)
+  if not padding:
+    return tf.nn.fused_batch_norm(x, gamma, beta, epsilon=epsilon,
+                                  is_training=True)[:3]
+  with tf.name_scope('padded_channels'):
+    x = tf.pad(x, [[0, 0]] * (x.shape.ndims - 1) + [[0, padding]])
+    gamma = tf.pad(gamma, [[0, padding]], constant_values=1.0)
+    beta = tf.pad(beta, [[0, padding]])
+  out, mean, variance = tf.nn.fused_batch_norm(x, gamma, beta,
+                                               epsilon=epsilon,
+                                               is_training=True)[:3]
+  # A Slice (its gradient is a Pad), not a StridedSlice (its gradient op
+  # took 3.5 ms in bfloat16 where the Pad took 0.5).
+  with tf.name_scope('real_channels'):
+    ndims = out.shape.ndims
+    return (tf.slice(out, [0] * ndims, [-1] * (ndims - 1) + [channels]),
+            mean[:channels], variance[:channels])
 
 
 @contextlib.contextmanager

@@ -174,6 +174,14 @@ def onednn_amx(features, environ=None):
   return _onednn_uses('amx', _AMX, features, environ)
 
 
+def onednn_native_bf16(features, environ=None):
+  """Whether oneDNN's kernels use the native bfloat16 instructions of a CPU
+  with `features` under `environ` (default: this process's): the CPU has
+  them (native_bf16), and oneDNN is on and not capped below
+  AVX512_CORE_BF16 (bf16_held_back)."""
+  return native_bf16(features) and bf16_held_back(environ) is None
+
+
 def bf16_held_back(environ=None):
   """Why oneDNN cannot use the CPU's native bfloat16 instructions under
   `environ`, or None. Measured on a 2-core AVX512_BF16 CPU (docs/speed.md,

@@ -1,0 +1,155 @@
+"""A trained BatchNorm with its channels padded to a multiple of
+layers.BATCH_NORM_CHANNEL_BLOCK (layers.batch_norm_channels_padded): the
+same outputs, gradients and moving-average updates as the BN op on the
+real channels, only for the channel counts off the block, and in the
+towers where oneDNN's kernels use AVX-512 (in bf16 graphs, with native
+bfloat16)."""
+import numpy as np
+import pytest
+import tensorflow.compat.v1 as tf
+
+from deeplab_train.model import layers
+from deeplab_train.runtime import cpu as cpu_lib
+from deeplab_train.runtime import session_config
+
+import model_testing
+
+ONEDNN_ON = session_config.onednn_kernels_on()
+NATIVE_BF16 = pytest.mark.skipif(
+    not (ONEDNN_ON and cpu_lib.native_bf16(cpu_lib.machine_cpu())
+         and cpu_lib.bf16_held_back() is None),
+    reason='runs bf16 where oneDNN has native bfloat16 instructions')
+
+
+def _trained_params():
+  # A fast decay, so that the moving averages' updates show the batch
+  # moments.
+  return layers.ConvParams(
+      batch_norm=layers.BatchNormParams(epsilon=1e-3, decay=0.5),
+      bn_training=True, activation=tf.nn.relu6)
+
+
+def _bn_input_channels(graph):
+  """The channel count of each FusedBatchNormV3's input in `graph`."""
+  return sorted(int(op.inputs[0].shape[-1]) for op in graph.get_operations()
+                if op.type == 'FusedBatchNormV3')
+
+
+def _build(padded, channels, shape=(2, 9, 7, 5), mixed_precision='none'):
+  """([output, d/dx, d/dvariables..., moving mean and variance after the
+  update], the BN ops' input channel counts) of a 1x1 conv2d with trained
+  BN and ReLU6, its input in a variable (grappler folds constants' ops
+  before the bf16 rewrite)."""
+  rng = np.random.RandomState(0)
+  with tf.Graph().as_default() as graph:
+    tf.set_random_seed(1)
+    x = tf.Variable(rng.uniform(-2, 2, shape).astype(np.float32),
+                    trainable=False)
+    with layers.recording() as rec, layers.batch_norm_channels_padded(padded):
+      y = layers.conv2d(x, channels, 1, _trained_params(), 'project')
+    variables = sorted(tf.trainable_variables(), key=lambda v: v.op.name)
+    dy = tf.Variable(rng.uniform(-1, 1, y.shape.as_list()).astype(np.float32),
+                     trainable=False)
+    grads = tf.gradients(y, [x] + variables, dy)
+    moving = sorted((v for v in tf.global_variables() if 'moving' in v.op.name),
+                    key=lambda v: v.op.name)
+    # Fetched through copies: the bf16 rewrite leaves fetched ops in fp32.
+    fetches = [tf.identity(t) for t in [y] + grads]
+    config = session_config.make_session_config(
+        mixed_precision=mixed_precision)
+    with tf.Session(config=config) as sess:
+      sess.run(tf.global_variables_initializer())
+      for v in variables:  # BN parameters far from their initial values
+        if 'BatchNorm' in v.op.name:
+          v.load(rng.uniform(0.5, 2.0, v.shape.as_list()), sess)
+      values = sess.run(fetches)
+      sess.run(list(rec.update_ops))
+      values += sess.run(moving)
+  return values, _bn_input_channels(graph)
+
+
+@pytest.mark.parametrize('channels', [24, 5])
+def test_padded_batch_norm_equals_the_batch_norm_op(channels):
+  plain, plain_bn = _build(False, channels)
+  padded, padded_bn = _build(True, channels)
+  assert plain_bn == [channels]
+  assert padded_bn == [-(-channels // 16) * 16]
+  assert len(plain) == len(padded) == 7  # y, dx, dbeta, dgamma, dw, mean, var
+  for a, b in zip(plain, padded):
+    assert a.shape == b.shape
+    # Per channel the same sums; oneDNN's kernels for the two widths may
+    # add in another order.
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('channels, padded_to', [
+    (24, 32), (5, 16), (200, 208), (728, 736), (16, 16), (32, 32),
+    (256, 256)])
+def test_padded_only_off_the_block(channels, padded_to):
+  with tf.Graph().as_default() as graph:
+    x = tf.zeros([1, 3, 3, 4])
+    with layers.batch_norm_channels_padded():
+      layers.conv2d(x, channels, 1, _trained_params(), 'project')
+    frozen = layers.ConvParams(batch_norm=layers.BatchNormParams())
+    with layers.batch_norm_channels_padded():
+      layers.conv2d(x, channels, 1, frozen, 'frozen')
+    # Outside the context nothing is padded.
+    layers.conv2d(x, channels, 1, _trained_params(), 'outside')
+  assert _bn_input_channels(graph) == sorted(
+      [padded_to, channels, channels])
+
+
+@NATIVE_BF16
+def test_padded_form_under_the_bf16_rewrite_equals_the_op():
+  """Under the real rewrite the padded BN runs oneDNN's blocked bfloat16
+  kernel, the plain one its generic kernel: the same values to within
+  bfloat16's rounding (measured: equal but for 4.5e-4 of d/dx's largest
+  value), both computed in bfloat16."""
+  fp32, _ = _build(False, 24, shape=(2, 21, 21, 8))
+  plain, _ = _build(False, 24, shape=(2, 21, 21, 8), mixed_precision='bf16')
+  padded, _ = _build(True, 24, shape=(2, 21, 21, 8), mixed_precision='bf16')
+  labels = ['output', 'd/dx', 'd/dbeta', 'd/dgamma', 'd/dweights',
+            'moving mean', 'moving variance']
+  for label, reference, a, b in zip(labels, fp32, plain, padded):
+    scale = float(np.max(np.abs(a)))
+    # The rewrite ran: bfloat16 (8 bits of mantissa) is off float32.
+    assert float(np.max(np.abs(a - reference))) / scale > 1e-4, label
+    difference = float(np.max(np.abs(b - a))) / scale
+    assert difference < 4e-3, (label, difference)
+
+
+def test_onednn_native_bf16_reads_the_cpu_and_the_environment():
+  assert cpu_lib.onednn_native_bf16({'avx512_bf16': True}, {})
+  assert cpu_lib.onednn_native_bf16({'amx': True}, {})
+  assert not cpu_lib.onednn_native_bf16({'avx512f': True}, {})
+  assert not cpu_lib.onednn_native_bf16({'amx': True},
+                                        {'TF_ENABLE_ONEDNN_OPTS': '0'})
+  assert not cpu_lib.onednn_native_bf16(
+      {'amx': True}, {'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE'})
+  assert cpu_lib.onednn_native_bf16(
+      {'avx512_bf16': True}, {'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE_BF16'})
+
+
+def _padded_bn_layers(graph):
+  return {op.name for op in graph.get_operations()
+          if op.type == 'FusedBatchNormV3' and '/padded_channels/' in
+          op.inputs[0].name}
+
+
+@pytest.mark.parametrize('mixed_precision', ['none', 'bf16'])
+@pytest.mark.parametrize('features', [
+    {'avx512f': True, 'amx': True, 'avx512_bf16': True},
+    {'avx512f': True}, {'avx2': True}],
+                         ids=['native bf16', 'avx512', 'avx2'])
+def test_towers_pad_where_onednn_uses_avx512(monkeypatch, mixed_precision,
+                                             features):
+  """mobilenet_v2 at depth multiplier 0.25 has trained BN on 8, 24, ...
+  channels: a float32 graph pads them where oneDNN uses AVX-512, a graph
+  for the bf16 rewrite where it has native bfloat16 too."""
+  monkeypatch.setattr(cpu_lib, 'machine_cpu', lambda: features)
+  graph = model_testing.mobilenet_v2_os8_training_graph(mixed_precision).graph
+  padded = _padded_bn_layers(graph)
+  expected = (cpu_lib.onednn_avx512(features) and ONEDNN_ON and (
+      mixed_precision == 'none' or cpu_lib.onednn_native_bf16(features)))
+  assert bool(padded) == expected
+  assert all(name.startswith('tower_0/') for name in padded)
