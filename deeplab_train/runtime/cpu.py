@@ -222,11 +222,12 @@ def bf16_refusal(features, environ=None):
 # What bf16 gained over fp32 (training images/s, 2 cores, crop 321,
 # mobilenet_v2 OS8 and xception_65 OS16) on each kind of CPU with native
 # bfloat16 it was measured on (the EPYC's before the bf16 forms of
-# 2026-12-03, not measured there since; the Xeon's on 2026-12-04, after
-# the fp32 and bf16 forms of that day); docs/speed.md has the runs.
+# 2026-12-03, not measured there since; the Xeon's on 2026-12-05, on CPU
+# family 6 model 207, after the forms of that day: 1.30x and 1.81x on the
+# Xeons of 2026-12-04); docs/speed.md has the runs.
 AUTO_GAINS = {
     'AVX512_BF16': ('an AMD EPYC with AVX512_BF16', '1.22x', '1.6x'),
-    'AMX': ('a Xeon with AMX', '1.30x', '1.81x'),
+    'AMX': ('a Xeon with AMX', '1.35x', '1.87x'),
 }
 
 
