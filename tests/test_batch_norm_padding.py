@@ -11,6 +11,7 @@ import tensorflow.compat.v1 as tf
 from deeplab_train.model import layers
 from deeplab_train.runtime import cpu as cpu_lib
 from deeplab_train.runtime import session_config
+from deeplab_train.train import towers
 
 import model_testing
 
@@ -153,3 +154,28 @@ def test_towers_pad_where_onednn_uses_avx512(monkeypatch, mixed_precision,
       mixed_precision == 'none' or cpu_lib.onednn_native_bf16(features)))
   assert bool(padded) == expected
   assert all(name.startswith('tower_0/') for name in padded)
+
+
+@pytest.mark.parametrize('onednn_forms, bf16_forms, padded', [
+    (True, False, True), (False, True, True), (False, False, False)],
+                         ids=['float32', 'bf16', 'neither (fp16)'])
+def test_towers_pad_only_float32_and_bf16_graphs(monkeypatch, onednn_forms,
+                                                 bf16_forms, padded):
+  monkeypatch.setattr(cpu_lib, 'machine_cpu', lambda: {
+      'avx512f': True, 'amx': True, 'avx512_bf16': True})
+  monkeypatch.setattr(session_config, 'onednn_kernels_on', lambda: True)
+  monkeypatch.setattr(cpu_lib, 'bf16_held_back', lambda environ=None: None)
+  monkeypatch.setattr(cpu_lib, 'onednn_avx512',
+                      lambda features, environ=None: True)
+
+  def tower_fn(_):
+    # Narrowing, as mobilenet_v2's projections: float32 graphs would take
+    # a widening layer's moments from its input, without a BN op.
+    y = layers.conv2d(tf.zeros([1, 5, 5, 48]), 24, 1, _trained_params(),
+                      'project')
+    return tf.reduce_sum(y), {}, {}
+
+  with tf.Graph().as_default() as graph:
+    towers.build_towers(tower_fn, ['/cpu:0'], onednn_forms=onednn_forms,
+                        bf16_forms=bf16_forms)
+  assert _bn_input_channels(graph) == [32 if padded else 24]

@@ -223,8 +223,9 @@ def batch_norm_channels_padded(enabled=True):
   1.3, 200 channels 11.4 / 4.3, xception_65's 728 21.9 / 12.3 (2x41x41);
   in float32 24 channels 4.6 / 4.2, 200 7.4 / 5.5, 728 41.2 / 36.2. In
   a traced mobilenet_v2 OS8 bf16 step (batch 4, crop 321, one inter-op
-  thread) the two projections' BN ops took 2.8 ms against 30.4; the step's
-  wall time on two cores moved within the noise (docs/speed.md). Entered by the training towers whose device runs oneDNN's kernels with
+  thread) the two projections' BN ops took 2.8 ms against 30.4; the
+  step's wall time on two cores moved within the noise (docs/speed.md).
+  Entered by the training towers whose device runs oneDNN's kernels with
   AVX-512: in float32 graphs, and in graphs for grappler's bf16 rewrite
   where those kernels use native bfloat16. Without AVX-512 oneDNN's
   blocks are of 8 channels, which mobilenet_v2's and xception_65's

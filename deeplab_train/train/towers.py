@@ -136,9 +136,10 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
       oneDNN forms slower together on an AVX512_BF16 EPYC: docs/speed.md)
       and those with bands of at most a quarter of the input in bands
       (layers.MAX_BF16_BAND: ASPP's rate 18 at crop 321).
-      Towers whose device runs oneDNN's kernels with AVX-512 (in bf16
-      graphs, with native bfloat16) pad trained BN to a channel count its
-      BN kernels take in blocks (layers.batch_norm_channels_padded).
+      Towers whose device runs oneDNN's kernels with AVX-512 pad trained
+      BN to a channel count its BN kernels take in blocks
+      (layers.batch_norm_channels_padded): with onednn_forms, and with
+      bf16_forms where those kernels use native bfloat16.
     xla_activations: towers whose device runs oneDNN's CPU kernels compile
       their activations with XLA (layers.activations_in_xla): for graphs
       built for grappler's bf16 rewrite, not compiled whole by XLA.
@@ -149,9 +150,10 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
   features = cpu_lib.machine_cpu()
   amx = bf16_forms and cpu_lib.onednn_amx(features)
   avx512 = cpu_lib.onednn_avx512(features)
-  # oneDNN's AVX-512 kernels, and in bf16 graphs its native bfloat16 ones.
-  avx512_kernels = avx512 and (not bf16_forms
-                               or cpu_lib.onednn_native_bf16(features))
+  # Float32 graphs on oneDNN's AVX-512 kernels, graphs for the bf16
+  # rewrite on its native bfloat16 ones.
+  pad_batch_norm = avx512 and (
+      onednn_forms or (bf16_forms and cpu_lib.onednn_native_bf16(features)))
   towers = []
   for i, device in enumerate(devices):
     # The variable scope is entered before the name scope: re-entering the
@@ -177,7 +179,8 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
                   on_onednn and not avx512), \
               layers.strided_depthwise_input_gradient_at_stride_1(
                   bf16_forms and onednn_cpu), \
-              layers.batch_norm_channels_padded(avx512_kernels and onednn_cpu), \
+              layers.batch_norm_channels_padded(
+                  pad_batch_norm and onednn_cpu), \
               layers.activations_in_xla(xla_activations and onednn_cpu):
             data_loss, losses, outputs = tower_fn(i)
     towers.append(Tower(i, device, name_scope, data_loss, losses, outputs,
