@@ -8,13 +8,24 @@ graph the same way and list what it created.
 import json
 
 import numpy as np
+import pytest
 import tensorflow.compat.v1 as tf
 
 from deeplab_train.config import ModelOptions
 from deeplab_train.config import TrainOptions
 from deeplab_train.model import deeplab
 from deeplab_train.model import layers
+from deeplab_train.runtime import cpu as cpu_lib
+from deeplab_train.runtime import session_config
 from deeplab_train.train import graph as graph_lib
+
+
+# Marks a test that runs bf16 where oneDNN has native bfloat16
+# instructions (skipped elsewhere).
+NATIVE_BF16 = pytest.mark.skipif(
+    not (session_config.onednn_kernels_on()
+         and cpu_lib.onednn_native_bf16(cpu_lib.machine_cpu())),
+    reason='runs bf16 where oneDNN has native bfloat16 instructions')
 
 
 MANIFEST_NAMES = (

@@ -18,10 +18,7 @@ import model_testing
 
 ONEDNN_ON = session_config.onednn_kernels_on()
 PLAIN = layers.ConvParams(batch_norm=None, activation=None)
-NATIVE_BF16 = pytest.mark.skipif(
-    not (ONEDNN_ON and cpu_lib.native_bf16(cpu_lib.machine_cpu())
-         and cpu_lib.bf16_held_back() is None),
-    reason='runs bf16 where oneDNN has native bfloat16 instructions')
+NATIVE_BF16 = model_testing.NATIVE_BF16
 
 
 def _dilated_ops(graph):
