@@ -197,6 +197,47 @@ def layer_output_and_gradients(build_layer, shape):
       return sess.run([y] + grads), graph
 
 
+def trained_bn_layer_run(build_layer, x_value, rng,
+                         mixed_precision='none'):
+  """Runs layers with trained BN that `build_layer(x)` builds (inside
+  layers.recording()) on x, a variable holding `x_value` (grappler folds
+  constants' ops before the bf16 rewrite), in a new graph, with an
+  upstream gradient drawn from `rng` after the build and the BN
+  parameters then drawn from it too (far from their initial values).
+
+  Returns (the trainable variables' names, sorted; [y, dy/dx,
+  dy/dvariables..., the moving averages after one update]; the graph;
+  {name: value} of the trainable variables; the upstream gradient), the
+  values fetched through copies (the bf16 rewrite leaves fetched ops in
+  float32) from a session for `mixed_precision`.
+  """
+  with tf.Graph().as_default() as graph:
+    tf.set_random_seed(2)
+    x = tf.Variable(x_value, trainable=False)
+    with layers.recording() as rec:
+      y = build_layer(x)
+    variables = sorted(tf.trainable_variables(), key=lambda v: v.op.name)
+    dy_value = rng.uniform(-1, 1, y.shape.as_list()).astype(np.float32)
+    dy = tf.Variable(dy_value, trainable=False)
+    grads = tf.gradients(y, [x] + variables, dy)
+    moving = sorted((v for v in tf.global_variables() if 'moving' in v.op.name),
+                    key=lambda v: v.op.name)
+    fetches = [tf.identity(t) for t in [y] + grads]
+    config = session_config.make_session_config(
+        mixed_precision=mixed_precision)
+    with tf.Session(config=config) as sess:
+      sess.run(tf.global_variables_initializer())
+      for v in variables:
+        if 'BatchNorm' in v.op.name:
+          v.load(rng.uniform(0.5, 2.0, v.shape.as_list()), sess)
+      values = sess.run(fetches)
+      params = dict(zip([v.op.name for v in variables],
+                        sess.run(variables)))
+      sess.run(list(rec.update_ops))
+      values += sess.run(moving)
+  return ([v.op.name for v in variables], values, graph, params, dy_value)
+
+
 def assert_same_output_and_gradients(expected, got, tolerance=1e-5):
   """Output and gradients (layer_output_and_gradients) equal, each within
   `tolerance` times its largest magnitude."""

@@ -36,33 +36,15 @@ def _bn_input_channels(graph):
 def _build(padded, channels, shape=(2, 9, 7, 5), mixed_precision='none'):
   """([output, d/dx, d/dvariables..., moving mean and variance after the
   update], the BN ops' input channel counts) of a 1x1 conv2d with trained
-  BN and ReLU6, its input in a variable (grappler folds constants' ops
-  before the bf16 rewrite)."""
+  BN and ReLU6 (model_testing.trained_bn_layer_run)."""
   rng = np.random.RandomState(0)
-  with tf.Graph().as_default() as graph:
-    tf.set_random_seed(1)
-    x = tf.Variable(rng.uniform(-2, 2, shape).astype(np.float32),
-                    trainable=False)
-    with layers.recording() as rec, layers.batch_norm_channels_padded(padded):
-      y = layers.conv2d(x, channels, 1, _trained_params(), 'project')
-    variables = sorted(tf.trainable_variables(), key=lambda v: v.op.name)
-    dy = tf.Variable(rng.uniform(-1, 1, y.shape.as_list()).astype(np.float32),
-                     trainable=False)
-    grads = tf.gradients(y, [x] + variables, dy)
-    moving = sorted((v for v in tf.global_variables() if 'moving' in v.op.name),
-                    key=lambda v: v.op.name)
-    # Fetched through copies: the bf16 rewrite leaves fetched ops in fp32.
-    fetches = [tf.identity(t) for t in [y] + grads]
-    config = session_config.make_session_config(
-        mixed_precision=mixed_precision)
-    with tf.Session(config=config) as sess:
-      sess.run(tf.global_variables_initializer())
-      for v in variables:  # BN parameters far from their initial values
-        if 'BatchNorm' in v.op.name:
-          v.load(rng.uniform(0.5, 2.0, v.shape.as_list()), sess)
-      values = sess.run(fetches)
-      sess.run(list(rec.update_ops))
-      values += sess.run(moving)
+  x_value = rng.uniform(-2, 2, shape).astype(np.float32)
+
+  def build(x):
+    with layers.batch_norm_channels_padded(padded):
+      return layers.conv2d(x, channels, 1, _trained_params(), 'project')
+  _, values, graph, _, _ = model_testing.trained_bn_layer_run(
+      build, x_value, rng, mixed_precision)
   return values, _bn_input_channels(graph)
 
 

@@ -8,6 +8,8 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train.model import layers
 
+import model_testing
+
 
 def _trained_params(activation=tf.nn.relu6):
   # A fast decay, so that the moving variance's update shows whether it
@@ -21,32 +23,14 @@ def _build(x_value, num_outputs, from_input, activation=tf.nn.relu6):
   """(variable names, [output, d/dx, d/dvariables..., moving mean and
   variance after the update], op types, {name: value} of the trainable
   variables, the output gradient) of conv2d with trained BN."""
-  rng = np.random.RandomState(1)
-  with tf.Graph().as_default():
-    tf.set_random_seed(2)
-    x = tf.constant(x_value)
-    with layers.recording() as rec, \
-        layers.batch_norm_from_input_moments(from_input):
-      y = layers.conv2d(x, num_outputs, 1, _trained_params(activation),
-                        'expand')
-    variables = sorted(tf.trainable_variables(), key=lambda v: v.op.name)
-    dy_value = rng.uniform(-1, 1, y.shape.as_list()).astype(np.float32)
-    dy = tf.constant(dy_value)
-    grads = tf.gradients(y, [x] + variables, dy)
-    moving = sorted((v for v in tf.global_variables() if 'moving' in v.op.name),
-                    key=lambda v: v.op.name)
-    op_types = {op.type for op in tf.get_default_graph().get_operations()}
-    with tf.Session() as sess:
-      sess.run(tf.global_variables_initializer())
-      for v in variables:  # weights and BN parameters far from their init
-        if 'BatchNorm' in v.op.name:
-          v.load(rng.uniform(0.5, 2.0, v.shape.as_list()), sess)
-      values = sess.run([y] + grads)
-      params = dict(zip([v.op.name for v in variables],
-                        sess.run(variables)))
-      sess.run(list(rec.update_ops))
-      values += sess.run(moving)
-  return [v.op.name for v in variables], values, op_types, params, dy_value
+  def build(x):
+    with layers.batch_norm_from_input_moments(from_input):
+      return layers.conv2d(x, num_outputs, 1, _trained_params(activation),
+                           'expand')
+  names, values, graph, params, dy_value = model_testing.trained_bn_layer_run(
+      build, x_value, np.random.RandomState(1))
+  op_types = {op.type for op in graph.get_operations()}
+  return names, values, op_types, params, dy_value
 
 
 def _input(shape, mean=0.0, seed=0):
