@@ -179,22 +179,36 @@ def randomize_variables(sess, seed=0):
   sess.run([var.initializer for var in variables], feed)
 
 
-def layer_output_and_gradients(build_layer, shape):
-  """([y, dy/dx, dy/dweights], graph) of the layer with one variable that
-  `build_layer(x)` builds on a fixed random input of `shape`, with a fixed
-  random upstream gradient."""
+def layer_output_and_gradients(build_layer, shape, mixed_precision=None):
+  """([y, dy/dx, dy/dweights], graph) of the layer with one trainable
+  variable that `build_layer(x)` builds on a fixed random input of
+  `shape`, with a fixed random upstream gradient.
+
+  With `mixed_precision` ('none', 'bf16') the session is made for that
+  mode, x and the upstream gradient are variables (grappler folds
+  constants' ops before the bf16 rewrite) and the values are fetched
+  through copies (the rewrite leaves fetched ops in float32).
+  """
   rng = np.random.RandomState(0)
   x_value = rng.uniform(-2, 2, shape).astype(np.float32)
+  in_session = mixed_precision is not None
+  tensor = ((lambda value: tf.Variable(value, trainable=False))
+            if in_session else tf.constant)
   with tf.Graph().as_default() as graph:
     tf.set_random_seed(1)
-    x = tf.constant(x_value)
+    x = tensor(x_value)
     y = build_layer(x)
     (weights,) = tf.trainable_variables()
-    dy = tf.constant(rng.uniform(-1, 1, y.shape.as_list()).astype(np.float32))
-    grads = tf.gradients(y, [x, weights], dy)
-    with tf.Session() as sess:
+    dy = tensor(rng.uniform(-1, 1, y.shape.as_list()).astype(np.float32))
+    fetches = [y] + tf.gradients(y, [x, weights], dy)
+    config = None
+    if in_session:
+      fetches = [tf.identity(t) for t in fetches]
+      config = session_config.make_session_config(
+          mixed_precision=mixed_precision)
+    with tf.Session(config=config) as sess:
       sess.run(tf.global_variables_initializer())
-      return sess.run([y] + grads), graph
+      return sess.run(fetches), graph
 
 
 def trained_bn_layer_run(build_layer, x_value, rng,
