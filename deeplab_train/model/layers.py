@@ -286,7 +286,7 @@ def folding_frozen_batch_norm():
 
 
 @contextlib.contextmanager
-def batch_norm_from_input_moments(enabled=True):
+def batch_norm_from_input_moments(enabled=True, centred=False):
   """Context in which a trained BatchNorm after a 1x1 convolution that
   widens its input (mobilenet_v2's expansions) takes the batch moments of
   the convolution's output from those of its input, and is folded into
@@ -301,9 +301,18 @@ def batch_norm_from_input_moments(enabled=True):
   gradient over the output, which has c_out > c_in channels. Its float32
   values are as close to a float64 computation as the BN op's, or closer
   (docs/speed.md). Entered by the training towers of float32 graphs on a
-  CPU with oneDNN's kernels, where it was measured.
+  CPU with oneDNN's kernels, where it was measured, and of graphs for the
+  bf16 rewrite where oneDNN runs on AMX tiles and the activations are
+  compiled by XLA (`activations_in_xla`).
+
+  With `centred`, the covariance is the product of the centred input with
+  itself instead of the product of the input less the mean's: for graphs
+  for the bf16 rewrite, which rounds the product to bfloat16, so that an
+  input whose mean is large beside its spread keeps its variance (the
+  difference of two rounded values would lose it).
   """
-  with _setting('bn_input_moments', enabled):
+  with _setting('bn_input_moments', enabled), \
+      _setting('bn_input_moments_centred', enabled and centred):
     yield
 
 
@@ -857,8 +866,12 @@ def expanded_batch_norm(x, w, params: ConvParams, activation=_DEFAULT,
     beta, gamma, moving_mean, moving_variance = _batch_norm_variables(
         num_outputs, bn)
     input_mean = tf.reduce_mean(pixels, 0)
-    covariance = (_gram(pixels) / count
-                  - input_mean[:, None] * input_mean[None, :])
+    if getattr(_state, 'bn_input_moments_centred', False):
+      centred = tf.subtract(pixels, input_mean, name='centred')
+      covariance = _gram(centred) / count
+    else:
+      covariance = (_gram(pixels) / count
+                    - input_mean[:, None] * input_mean[None, :])
     mean = tf.linalg.matvec(weights, input_mean, transpose_a=True)
     # Rounding can take a variance of (nearly) 0 below it.
     variance = tf.maximum(
@@ -874,15 +887,65 @@ def expanded_batch_norm(x, w, params: ConvParams, activation=_DEFAULT,
     _record_update(tf.assign_sub(
         moving_variance, (moving_variance - unbiased) * decay,
         name='AssignMovingAvg_1'))
-  y = tf.nn.bias_add(tf.matmul(pixels, weights * scale), offset)
+  y = tf.matmul(pixels, weights * scale)
   act = params.activation if activation is _DEFAULT else activation
-  if act is not None:
-    # On the matmul's 2-D output, where grappler fuses the bias add and
-    # the activation into the matmul.
-    y = activate(act, y)
+  # Where activations are compiled by XLA (graphs for the bf16 rewrite),
+  # the offset joins the activation's cluster, on the 4-D output: on the
+  # matmul's 2-D one grappler fuses the add and the activation into the
+  # matmul, which in bfloat16 then took about 4x the plain matmul's time
+  # (mobilenet_v2's 4x41x41x160 to 960: 8.2 against 1.9 ms).
+  in_xla = (getattr(_state, 'xla_activation', False)
+            and act in _GRADIENT_FROM_OUTPUT)
+  if not in_xla:
+    y = tf.nn.bias_add(y, offset)
+    if act is not None:
+      # On the matmul's 2-D output, where grappler fuses the bias add and
+      # the activation into the matmul.
+      y = activate(act, y)
   y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [num_outputs]], 0))
   y.set_shape(x.shape[:-1].concatenate([num_outputs]))
+  if in_xla:
+    y = offset_and_activation_in_xla(y, offset, act)
   return y
+
+
+# Activations whose gradient op takes their output: the gradient of
+# activation(y + offset) needs neither y nor the sum kept.
+_GRADIENT_FROM_OUTPUT = {
+    tf.nn.relu: tf.raw_ops.ReluGrad,
+    tf.nn.relu6: tf.raw_ops.Relu6Grad,
+}
+
+
+def offset_and_activation_in_xla(y, offset, activation):
+  """activation(y + offset), offset one value per channel (y's last
+  dimension), activation tf.nn.relu or tf.nn.relu6: the add and the
+  activation compiled by XLA in one cluster, the activation's gradient in
+  another. The offset's gradient is the column sums of that gradient as a
+  product with a row of ones: an XLA reduction over the pixels was many
+  times slower than oneDNN's kernels on the CPU, and so is TensorFlow's
+  bfloat16 one (a BiasAddGrad or Sum).
+  """
+  grad_op = _GRADIENT_FROM_OUTPUT[activation]
+  channels = int(y.shape[-1])
+
+  @tf.custom_gradient
+  def offset_activation(y, offset):
+    with tf.xla.experimental.jit_scope(compile_ops=True,
+                                       separate_compiled_gradients=True):
+      z = activation(y + offset)
+
+    def grad(dz):
+      with tf.xla.experimental.jit_scope(compile_ops=True,
+                                         separate_compiled_gradients=True):
+        dy = grad_op(gradients=dz, features=z)
+      rows = tf.reshape(dy, [-1, channels])
+      ones = tf.ones(tf.stack([1, tf.shape(rows)[0]]), dy.dtype)
+      return dy, tf.reshape(tf.matmul(ones, rows), [channels])
+
+    return z, grad
+
+  return offset_activation(y, offset)
 
 
 def _gram(x):
