@@ -1,4 +1,6 @@
-"""Shared test fixtures: quiet TensorFlow, the reference folder, temp dirs."""
+"""Shared test fixtures: quiet TensorFlow, the reference folder, temp dirs,
+the benchmark scripts."""
+import importlib.util
 import os
 import pathlib
 
@@ -26,3 +28,16 @@ def reference_dir():
 @pytest.fixture(scope='session')
 def repo_dir():
   return REPO
+
+
+@pytest.fixture(scope='session')
+def benchmark_script():
+  """load(name): benchmarks/{name}.py as a module (the scripts are no
+  package)."""
+  def load(name):
+    spec = importlib.util.spec_from_file_location(
+        name, REPO / 'benchmarks' / (name + '.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+  return load

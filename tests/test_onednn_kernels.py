@@ -1,12 +1,6 @@
 """benchmarks/onednn_kernels.py's reading of ONEDNN_VERBOSE output: kernel
-time a step from the difference of two runs (no TensorFlow needed)."""
-import importlib.util
-import pathlib
-
+time a step from the difference of two runs (no TensorFlow run)."""
 import pytest
-
-SCRIPT = pathlib.Path(__file__).resolve().parent.parent / 'benchmarks' / (
-    'onednn_kernels.py')
 
 # Both line formats oneDNN has printed, and lines to skip.
 VERBOSE = '''\
@@ -21,11 +15,8 @@ I1205 06:01:12.035713 hooks.py:315] step 1/18  loss 3.2829
 
 
 @pytest.fixture(scope='module')
-def kernels():
-  spec = importlib.util.spec_from_file_location('onednn_kernels', SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def kernels(benchmark_script):
+  return benchmark_script('onednn_kernels')
 
 
 def test_reads_exec_lines_of_both_formats(kernels):

@@ -1,21 +1,13 @@
 """benchmarks/profile_step.py's reading of a Chrome trace: op time by kind
 and the split of the step's wall time (no TensorFlow needed)."""
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parent.parent / 'benchmarks' / (
-    'profile_step.py')
-
 
 @pytest.fixture(scope='module')
-def profile_step():
-  spec = importlib.util.spec_from_file_location('profile_step', SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def profile_step(benchmark_script):
+  return benchmark_script('profile_step')
 
 
 def _op(op, start_ms, end_ms):
