@@ -223,8 +223,8 @@ def batch_norm_channels_padded(enabled=True):
   1.3, 200 channels 11.4 / 4.3, xception_65's 728 21.9 / 12.3 (2x41x41);
   in float32 24 channels 4.6 / 4.2, 200 7.4 / 5.5, 728 41.2 / 36.2. In
   a traced mobilenet_v2 OS8 bf16 step (batch 4, crop 321, one inter-op
-  thread) the two projections' BN ops took 2.8 ms against 30.4; the
-  step's wall time on two cores moved within the noise (docs/speed.md).
+  thread) the two projections' BN ops took 2.8 ms against 30.4, and the
+  step on two cores was 1.03x faster (docs/speed.md).
   Entered by the training towers whose device runs oneDNN's kernels with
   AVX-512: in float32 graphs, and in graphs for grappler's bf16 rewrite
   where those kernels use native bfloat16. Without AVX-512 oneDNN's
@@ -577,9 +577,15 @@ def activate(activation, x):
   """activation(x); in an XLA cluster inside `activations_in_xla`."""
   if not getattr(_state, 'xla_activation', False):
     return activation(x)
-  with tf.xla.experimental.jit_scope(compile_ops=True,
-                                     separate_compiled_gradients=True):
+  with _compiled_by_xla():
     return activation(x)
+
+
+def _compiled_by_xla():
+  """Context whose ops XLA compiles in one cluster, and the gradients
+  built for them in another."""
+  return tf.xla.experimental.jit_scope(compile_ops=True,
+                                       separate_compiled_gradients=True)
 
 
 @contextlib.contextmanager
@@ -631,10 +637,17 @@ def _folded_offset_add_gradient(op, grad):
   faster in fp32 and 1.03x in bf16 (docs/speed.md).
   """
   del op
-  channels = int(grad.shape[-1])
-  rows = tf.reshape(grad, [-1, channels])
-  ones = tf.ones(tf.stack([1, tf.shape(rows)[0]]), grad.dtype)
-  return grad, tf.reshape(tf.matmul(ones, rows), [channels])
+  return grad, _channel_sums(grad)
+
+
+def _channel_sums(t):
+  """The sums of t over all but its last dimension (the channels), as
+  the product of its rows with a row of ones (see
+  _folded_offset_add_gradient)."""
+  channels = int(t.shape[-1])
+  rows = tf.reshape(t, [-1, channels])
+  ones = tf.ones(tf.stack([1, tf.shape(rows)[0]]), t.dtype)
+  return tf.reshape(tf.matmul(ones, rows), [channels])
 
 
 def _finish(x, params, activation, use_bias, num_outputs, normalize,
@@ -927,21 +940,16 @@ def offset_and_activation_in_xla(y, offset, activation):
   bfloat16 one (a BiasAddGrad or Sum).
   """
   grad_op = _GRADIENT_FROM_OUTPUT[activation]
-  channels = int(y.shape[-1])
 
   @tf.custom_gradient
   def offset_activation(y, offset):
-    with tf.xla.experimental.jit_scope(compile_ops=True,
-                                       separate_compiled_gradients=True):
+    with _compiled_by_xla():
       z = activation(y + offset)
 
     def grad(dz):
-      with tf.xla.experimental.jit_scope(compile_ops=True,
-                                         separate_compiled_gradients=True):
+      with _compiled_by_xla():
         dy = grad_op(gradients=dz, features=z)
-      rows = tf.reshape(dy, [-1, channels])
-      ones = tf.ones(tf.stack([1, tf.shape(rows)[0]]), dy.dtype)
-      return dy, tf.reshape(tf.matmul(ones, rows), [channels])
+      return dy, _channel_sums(dy)
 
     return z, grad
 
