@@ -13,7 +13,9 @@ time. The difference of the two runs' totals over the difference of
 their step counts is what a step takes: start-up, the first steps and
 their primitive creation cancel out. So are the trainers' wall seconds
 and CPU seconds (user + system, from the children's resource usage) a
-step.
+step. Their start-up still differs from run to run by up to about a second:
+keep the counts far apart (20 steps or more between them; with 4, a
+trainer's wall seconds a step came out negative once).
 
 Unlike a traced step (benchmarks/profile_step.py) the ops run as in
 training, two at a time on the inter-op threads: a kernel's time here
@@ -32,6 +34,7 @@ import collections
 import os
 import pathlib
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -108,19 +111,18 @@ def table(named, top=15):
       '%21.3f s ' % wall for _, _, (wall, _) in named))
   lines.append('%-24s' % 'CPU seconds (process)' + ''.join(
       '%21.3f s ' % cpu for _, _, (_, cpu) in named))
-  primitives = {}
-  for _, step, _ in named:
-    for name, (ms, _) in by_primitive(step).items():
-      primitives[name] = max(primitives.get(name, 0.0), ms)
+  per_primitive = [by_primitive(step) for _, step, _ in named]
+  slowest = {}
+  for primitives in per_primitive:
+    for name, (ms, _) in primitives.items():
+      slowest[name] = max(slowest.get(name, 0.0), ms)
   lines.append('%-24s' % 'oneDNN kernels' + ''.join(
       '%21.1f ms' % sum(ms for ms, _ in step.values())
       for _, step, _ in named))
-  for primitive in sorted(primitives, key=lambda p: -primitives[p]):
-    cells = []
-    for _, step, _ in named:
-      ms, runs = by_primitive(step).get(primitive, (0.0, 0.0))
-      cells.append('%14.1f ms %5.0fx' % (ms, runs))
-    lines.append('%-24s' % ('  ' + primitive) + ''.join(cells))
+  for primitive in sorted(slowest, key=lambda p: -slowest[p]):
+    lines.append('%-24s' % ('  ' + primitive) + ''.join(
+        '%14.1f ms %5.0fx' % primitives.get(primitive, (0.0, 0.0))
+        for primitives in per_primitive))
   for name, step, _ in named:
     lines.append('slowest kernels a step, %s (ms, runs, primitive, '
                  'implementation, propagation, problem):' % name)
@@ -157,16 +159,8 @@ def run_verbose(argv, log_path, cwd=None):
   return totals, wall, cpu
 
 
-def original_argv(original_dir, flags, logdir, steps):
-  script = ('source %s/env.sh && cd %s/research && exec python '
-            'deeplab/train.py "$@"' % (original_dir, original_dir))
-  return ['bash', '-c', script, 'train'] + flags + [
-      '--train_logdir=%s' % logdir, '--training_number_of_steps=%d' % steps]
-
-
-def ours_argv(flags, logdir, steps):
-  return [sys.executable, '-m', 'deeplab_train.cli.train'] + flags + [
-      '--train_logdir=%s' % logdir, '--training_number_of_steps=%d' % steps]
+def _run_flags(logdir, steps):
+  return ['--train_logdir=%s' % logdir, '--training_number_of_steps=%d' % steps]
 
 
 def measure(name, make_argv, work, step_counts, cwd=None):
@@ -175,7 +169,7 @@ def measure(name, make_argv, work, step_counts, cwd=None):
   runs = []
   for steps in step_counts:
     logdir = work / ('%s-%d' % (name, steps))
-    subprocess.call(['rm', '-rf', str(logdir)])
+    shutil.rmtree(logdir, ignore_errors=True)
     runs.append(run_verbose(make_argv(str(logdir), steps),
                             work / ('%s-%d.log' % (name, steps)), cwd=cwd))
   (short, short_wall, short_cpu), (long, long_wall, long_cpu) = runs
@@ -208,15 +202,25 @@ def main():
            '--save_interval_secs=0', '--save_summaries_secs=0'] + flags
   named = []
   if args.original_dir:
-    original_dir = pathlib.Path(args.original_dir).resolve()
+    # The command deeplab-bench --compare_original runs; imported here, as
+    # it loads TensorFlow.
+    sys.path.insert(0, str(REPO))
+    from deeplab_train.bench import compare  # pylint: disable=g-import-not-at-top
+    from deeplab_train.config import errors  # pylint: disable=g-import-not-at-top
+    try:
+      compare.check_original_dir(args.original_dir)
+    except errors.ConfigError as e:
+      parser.error(str(e))
+    command = list(compare.original_command(args.original_dir))
     named.append(measure(
         'original',
-        lambda logdir, steps: original_argv(original_dir, flags, logdir,
-                                            steps),
+        lambda logdir, steps: command + flags + _run_flags(logdir, steps),
         work, step_counts))
+  ours = [sys.executable, '-m', 'deeplab_train.cli.train']
   named.append(measure(
       'deeplab-train',
-      lambda logdir, steps: ours_argv(flags + ours_only, logdir, steps),
+      lambda logdir, steps: (ours + flags + ours_only
+                             + _run_flags(logdir, steps)),
       work, step_counts, cwd=str(REPO)))
   print(table(named))
 
