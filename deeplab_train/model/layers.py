@@ -15,7 +15,7 @@ fished out of graph collections by the caller: build the network inside
 import contextlib
 import dataclasses
 import threading
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import tensorflow.compat.v1 as tf
 
@@ -66,6 +66,8 @@ class Recorder:
 
   def __init__(self):
     self.regularization_losses: List[tf.Tensor] = []
+    # (variable, factor) of each L2 loss factor * sum(w**2) / 2 above.
+    self.weight_decays: List[Tuple[tf.Variable, float]] = []
     self.update_ops: List[tf.Operation] = []
 
 
@@ -96,9 +98,10 @@ def recording():
     _recorders().pop()
 
 
-def _record_loss(loss):
+def _record_loss(loss, variable, factor):
   for rec in _recorders():
     rec.regularization_losses.append(loss)
+    rec.weight_decays.append((variable, factor))
 
 
 def _record_update(update):
@@ -129,7 +132,7 @@ def _regularizer(scale):
     loss = tf.multiply(scale, tf.nn.l2_loss(w), name='l2_regularizer')
     if not recorded:
       recorded.append(loss)
-      _record_loss(loss)
+      _record_loss(loss, w, scale)
     return loss
   return l2
 

@@ -20,6 +20,7 @@ from deeplab_train.train import checkpoint_init
 from deeplab_train.train import learning_rate as lr_lib
 from deeplab_train.train import loss_scale
 from deeplab_train.train import losses
+from deeplab_train.train import momentum as momentum_lib
 from deeplab_train.train import scopes
 from deeplab_train.train import towers as towers_lib
 
@@ -46,7 +47,10 @@ class TrainingGraph:
     init_plan: the restore from the initial checkpoint, or None.
     towers: the built `towers.Tower`s.
     model_variables / trainable_variables: what the network created.
-    grads_and_vars: averaged gradients after the multipliers.
+    grads_and_vars: the total loss's averaged gradients after the
+      multipliers. With momentum, the optimizer applies the data loss's
+      and takes the weight decay through its accumulation
+      (train/momentum.py); these are then built to be fetched only.
     last_layer_scopes: scopes of the last layers.
     batch_size: images per step (all towers).
     optimizer: the optimizer (possibly wrapped for a cluster).
@@ -335,21 +339,37 @@ def _update(towers, losses_, learning_rate, global_step, trainable,
       scale = loss_scale.DynamicLossScale()
   towers_for_grads, reg_loss = _scaled_losses(
       towers, losses_.regularization_loss, scale)
+  # With momentum (and no loss scale or cluster wrapper), the weight decay
+  # goes through the optimizer's accumulation instead of the gradients.
+  decays = (_weight_decays(towers[0], trainable)
+            if (scale is None and wrap_optimizer is None
+                and train_options.optimizer == 'momentum'
+                and train_options.momentum > 0) else {})
   grads_and_vars = towers_lib.averaged_gradients(
-      towers_for_grads, trainable, reg_loss, average_device=cpu)
+      towers_for_grads, trainable, None if decays else reg_loss,
+      average_device=cpu)
   with tf.name_scope(train_scope), tf.device(cpu):
     if scale is not None:
       grads_and_vars = scale.unscale(grads_and_vars)
-    grads_and_vars = towers_lib.multiply_gradients(
-        grads_and_vars, scopes.gradient_multipliers(
-            trainable, last_layer_scopes,
-            train_options.last_layer_gradient_multiplier))
-    optimizer = _optimizer(train_options, learning_rate)
+    multipliers = scopes.gradient_multipliers(
+        trainable, last_layer_scopes,
+        train_options.last_layer_gradient_multiplier)
+    grads_and_vars = towers_lib.multiply_gradients(grads_and_vars,
+                                                   multipliers)
+    applied = grads_and_vars
+    if decays:
+      factors = {var: factor * multipliers.get(var, 1.0)
+                 for var, factor in decays.items()}
+      applied = _with_zero_gradients(grads_and_vars, factors, trainable)
+      optimizer = momentum_lib.MomentumWithDecayInAccumulator(
+          learning_rate, train_options.momentum, factors)
+      grads_and_vars = _loss_gradients(applied, factors)
+    else:
+      optimizer = _optimizer(train_options, learning_rate)
     if wrap_optimizer is not None:
       optimizer = wrap_optimizer(optimizer)
     if scale is None:
-      apply_op = optimizer.apply_gradients(grads_and_vars,
-                                           global_step=global_step)
+      apply_op = optimizer.apply_gradients(applied, global_step=global_step)
     else:
       # A step with non-finite gradients is skipped and the scale halved.
       apply_op = scale.apply_gradients(optimizer, grads_and_vars,
@@ -364,6 +384,33 @@ def _update(towers, losses_, learning_rate, global_step, trainable,
   return _Update(grads_and_vars=grads_and_vars, optimizer=optimizer,
                  loss_scale=scale, train_op=train_op, step_after=step_after,
                  all_finite=all_finite)
+
+
+def _weight_decays(tower0, trainable):
+  """{variable: L2 factor} of the trainable variables with weight decay."""
+  chosen = set(trainable)
+  return {var: factor for var, factor in tower0.weight_decays
+          if var in chosen}
+
+
+def _with_zero_gradients(grads_and_vars, factors, trainable):
+  """grads_and_vars, plus a zero gradient for each variable with a weight
+  decay factor and no gradient of the data loss (its update is then the
+  weight decay's alone, as with the decay's gradient)."""
+  have = {var for _, var in grads_and_vars}
+  return list(grads_and_vars) + [(tf.zeros_like(var), var)
+                                 for var in trainable
+                                 if var in factors and var not in have]
+
+
+def _loss_gradients(grads_and_vars, factors):
+  """The total loss's gradients, g + factor * w, from the data loss's
+  (built to be fetched, e.g. by tests; training applies the data loss's
+  with the factors through MomentumWithDecayInAccumulator)."""
+  with tf.name_scope('loss_gradients'):
+    return [(tf.convert_to_tensor(grad) + factors[var] * var
+             if var in factors else grad, var)
+            for grad, var in grads_and_vars]
 
 
 def _weights_are_finite(variables):

@@ -9,7 +9,7 @@ CPU; the weight-decay gradient is added once, so two towers on halves of a
 batch give the gradient of one tower on the whole batch.
 """
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow.compat.v1 as tf
 
@@ -77,8 +77,10 @@ class Tower:
     data_loss: the tower's loss without weight decay.
     losses: named scalar losses of the tower (per scale).
     outputs: what `tower_fn` returned besides the losses.
-    regularization_losses / update_ops: recorded by the layers (tower 0
-      creates the variables, so only its list is complete).
+    regularization_losses / weight_decays / update_ops: recorded by the
+      layers (tower 0 creates the variables, so only its lists are
+      complete); weight_decays are the (variable, factor) pairs of the
+      regularization losses.
   """
   index: int
   device: str
@@ -87,6 +89,7 @@ class Tower:
   losses: Dict[str, tf.Tensor]
   outputs: Any
   regularization_losses: List[tf.Tensor]
+  weight_decays: List[Tuple[Any, float]]
   update_ops: List[tf.Operation]
 
 
@@ -194,7 +197,7 @@ def build_towers(tower_fn: Callable, devices, variables_device='/cpu:0',
             data_loss, losses, outputs = tower_fn(i)
     towers.append(Tower(i, device, name_scope, data_loss, losses, outputs,
                         list(rec.regularization_losses),
-                        list(rec.update_ops)))
+                        list(rec.weight_decays), list(rec.update_ops)))
   return towers
 
 

@@ -1,0 +1,67 @@
+"""The momentum optimizer with the weight decay's gradient taken through
+its accumulator (`MomentumWithDecayInAccumulator`)."""
+import tensorflow.compat.v1 as tf
+
+
+class MomentumWithDecayInAccumulator(tf.train.MomentumOptimizer):
+  """tf.train.MomentumOptimizer for a loss with an L2 term
+  factor * sum(w**2) / 2 per variable, given the gradients without it.
+
+  Momentum on the whole gradient g + factor * w is
+
+    accumulation = momentum * accumulation + g + factor * w
+    w -= learning_rate * accumulation
+
+  For each variable with a factor this first adds (factor / momentum) * w
+  to the accumulation, in place (one ResourceApplyGradientDescent), then
+  runs the momentum op on g alone: the same update, up to float32 rounding,
+  without the weight decay's gradient (a product) and its sum with g (an
+  AddN), two passes over the weights that the fused op does not make
+  (docs/speed.md).
+
+  Args:
+    learning_rate, momentum: as for tf.train.MomentumOptimizer; momentum is
+      a float > 0.
+    decays: {variable: factor} (the factor times any gradient multiplier
+      of the variable).
+  """
+
+  def __init__(self, learning_rate, momentum, decays, **kwargs):
+    if not momentum > 0:
+      raise ValueError('MomentumWithDecayInAccumulator needs momentum > 0, '
+                       'not %r' % (momentum,))
+    super().__init__(learning_rate, momentum, **kwargs)
+    self._decay_factors = {_key(var): float(factor)
+                           for var, factor in decays.items()}
+    self._momentum_value = float(momentum)
+
+  def _decayed(self, var):
+    """The op adding (factor / momentum) * var to var's accumulation, or
+    None where var has no factor."""
+    factor = self._decay_factors.get(_key(var))
+    if factor is None:
+      return None
+    accumulation = self.get_slot(var, 'momentum')
+    return tf.raw_ops.ResourceApplyGradientDescent(
+        var=accumulation.handle,
+        alpha=tf.constant(-factor / self._momentum_value, var.dtype.base_dtype),
+        delta=var.read_value(), use_locking=self._use_locking)
+
+  def _resource_apply_dense(self, grad, var):
+    decayed = self._decayed(var)
+    if decayed is None:
+      return super()._resource_apply_dense(grad, var)
+    with tf.control_dependencies([decayed]):
+      return super()._resource_apply_dense(grad, var)
+
+  def _resource_apply_sparse(self, grad, var, indices):
+    decayed = self._decayed(var)
+    if decayed is None:
+      return super()._resource_apply_sparse(grad, var, indices)
+    with tf.control_dependencies([decayed]):
+      return super()._resource_apply_sparse(grad, var, indices)
+
+
+def _key(var):
+  # Variables hash by identity in graph mode; their op names are unique.
+  return var.op.name
