@@ -6,7 +6,7 @@
                                                depthwise_filter_gradient,
                                                strided_depthwise,
                                                bn_moments, bn_padded,
-                                               activations]
+                                               activations, weight_decay]
                                         [--repeats 15] [--threads 2]
 
 Measures, on this machine and with the settings of the deeplab-* commands
@@ -85,7 +85,14 @@ weighs before changing how the model builds an op:
   layers.activations_in_xla, what the towers of bf16 graphs use on a
   oneDNN CPU), in float32 and in bfloat16, for activation shapes of
   mobilenet_v2 OS8 (batch 4) and xception_65 OS16 (batch 2) at crop 321,
-  with whether the values are the same.
+  with whether the values are the same;
+- weight_decay: the momentum update of every weight of xception_65 OS16
+  with decoder 4 and of mobilenet_v2 OS8 (crop 321, 21 classes) with its
+  weight decay, as the L2 losses' gradients added to the gradients and
+  TensorFlow's momentum op, and through the accumulation
+  (momentum.MomentumWithDecayInAccumulator, what the training graph uses
+  with momentum), with the largest relative difference of the weights
+  after the timed updates.
 
 Each figure is the best of three medians of --repeats runs of one op in
 its own graph, after warm-up; the inputs are variables, so that grappler
@@ -106,9 +113,12 @@ cpu.apply_process_settings()
 import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 
+from deeplab_train import config as config_lib  # noqa: E402
 from deeplab_train.bench import compare  # noqa: E402
+from deeplab_train.model import deeplab  # noqa: E402
 from deeplab_train.model import layers  # noqa: E402
 from deeplab_train.runtime import session_config  # noqa: E402
+from deeplab_train.train import momentum  # noqa: E402
 
 tf.disable_eager_execution()
 
@@ -541,13 +551,68 @@ def bench_activations(config, repeats):
       print('  %-8s %-18s %s' % (dtype.name, shape, '  '.join(row)))
 
 
+# Model options of the models whose weights bench_weight_decay updates.
+WEIGHT_DECAY_MODELS = (
+    dict(model_variant='xception_65', output_stride=16,
+         atrous_rates=(6, 12, 18), decoder_output_stride=(4,)),
+    dict(model_variant='mobilenet_v2', output_stride=8))
+
+
+def _decayed_weights(model):
+  """[(shape, L2 factor)] of the weights with weight decay of a model
+  (`model`: ModelOptions fields), built in a scratch graph."""
+  options = config_lib.ModelOptions(num_classes=21, crop_size=(321, 321),
+                                    **model).validate()
+  with tf.Graph().as_default(), layers.recording() as rec:
+    deeplab.multi_scale_logits(
+        tf.zeros([1, 321, 321, 3]), options, is_training=True)
+    return [(var.shape.as_list(), factor)
+            for var, factor in rec.weight_decays]
+
+
+def bench_weight_decay(config, repeats):
+  print('momentum update of every weight with its weight decay, ms, the '
+        'decay\'s gradient / through the accumulation (model, weights):')
+  for model in WEIGHT_DECAY_MODELS:
+    weights = _decayed_weights(model)
+    with tf.Graph().as_default():
+      gradients = [_variable(shape, 2 * k) for k, (shape, _) in
+                   enumerate(weights)]
+      ops, values = {}, {}
+      for through_accumulation in (False, True):
+        variables = [_variable(shape, 2 * k + 1, scale=0.05)
+                     for k, (shape, _) in enumerate(weights)]
+        decays = {var: factor for var, (_, factor) in zip(variables, weights)}
+        pairs = [(grad.read_value(), var)
+                 for grad, var in zip(gradients, variables)]
+        if through_accumulation:
+          optimizer = momentum.MomentumWithDecayInAccumulator(0.01, 0.9,
+                                                              decays)
+        else:
+          optimizer = tf.train.MomentumOptimizer(0.01, 0.9)
+          loss = tf.add_n([factor * tf.nn.l2_loss(var)
+                           for var, factor in decays.items()])
+          pairs = [(tf.add_n([grad, decay]), var) for (grad, var), decay
+                   in zip(pairs, tf.gradients(loss, variables))]
+        ops[through_accumulation] = optimizer.apply_gradients(pairs)
+        values[through_accumulation] = variables
+      seconds, fetched = time_and_fetch(ops, values, config, repeats)
+    difference = max(_relative_difference(a, b)
+                     for a, b in zip(fetched[False], fetched[True]))
+    print('  %-14s %8d  %6.2f / %6.2f  difference %.1e' % (
+        model['model_variant'],
+        sum(int(np.prod(shape)) for shape, _ in weights),
+        seconds[False] * 1e3, seconds[True] * 1e3, difference))
+
+
 BENCHES = {'matmul': bench_matmul, 'conv1x1': bench_conv1x1,
            'reduce': bench_reduce,
            'atrous': bench_atrous, 'filter_gradient': bench_filter_gradient,
            'depthwise_filter_gradient': bench_depthwise_filter_gradient,
            'strided_depthwise': bench_strided_depthwise,
            'bn_moments': bench_bn_moments, 'bn_padded': bench_bn_padded,
-           'activations': bench_activations}
+           'activations': bench_activations,
+           'weight_decay': bench_weight_decay}
 
 
 def main():
