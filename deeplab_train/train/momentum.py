@@ -15,8 +15,8 @@ class MomentumWithDecayInAccumulator(tf.train.MomentumOptimizer):
   For each variable with a factor this first adds (factor / momentum) * w
   to the accumulation, in place (one ResourceApplyGradientDescent), then
   runs the momentum op on g alone: the same update, up to float32 rounding,
-  without the weight decay's gradient (a product) and its sum with g (an
-  AddN), two passes over the weights that the fused op does not make
+  with one pass over the weights (the in-place add) where the weight
+  decay's gradient (a product) and its sum with g (an AddN) made three
   (docs/speed.md).
 
   Args:
