@@ -70,7 +70,7 @@ def test_momentum_must_be_positive():
       momentum_lib.MomentumWithDecayInAccumulator(0.1, 0.0, {})
 
 
-def value_for(name, shape):
+def _value_for(name, shape):
   if name == 'global_step':
     return np.int64(0)
   return reference_checkpoint.value_for(name, shape)
@@ -89,7 +89,7 @@ def _train(train, wrap_optimizer=None, steps=3):
   variables = g.graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
   with tf.Session(graph=g.graph) as sess:
     sess.run(tf.variables_initializer(variables))
-    tt.load_values(sess, g.model_variables, lambda v: value_for(
+    tt.load_values(sess, g.model_variables, lambda v: _value_for(
         v.op.name, v.shape.as_list()))
     grads = sess.run({v.op.name: grad for grad, v in g.grads_and_vars})
     for _ in range(steps):
