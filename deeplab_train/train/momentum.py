@@ -31,37 +31,27 @@ class MomentumWithDecayInAccumulator(tf.train.MomentumOptimizer):
       raise ValueError('MomentumWithDecayInAccumulator needs momentum > 0, '
                        'not %r' % (momentum,))
     super().__init__(learning_rate, momentum, **kwargs)
-    self._decay_factors = {_key(var): float(factor)
+    self._decay_factors = {var: float(factor)
                            for var, factor in decays.items()}
     self._momentum_value = float(momentum)
 
-  def _decayed(self, var):
-    """The op adding (factor / momentum) * var to var's accumulation, or
-    None where var has no factor."""
-    factor = self._decay_factors.get(_key(var))
-    if factor is None:
-      return None
-    accumulation = self.get_slot(var, 'momentum')
-    return tf.raw_ops.ResourceApplyGradientDescent(
-        var=accumulation.handle,
-        alpha=tf.constant(-factor / self._momentum_value, var.dtype.base_dtype),
-        delta=var.read_value(), use_locking=self._use_locking)
+  def _after_decay(self, var):
+    """Context whose ops run after (factor / momentum) * var is added to
+    var's accumulation, where var has a factor."""
+    factor = self._decay_factors.get(var)
+    decayed = []
+    if factor is not None:
+      decayed.append(tf.raw_ops.ResourceApplyGradientDescent(
+          var=self.get_slot(var, 'momentum').handle,
+          alpha=tf.constant(-factor / self._momentum_value,
+                            var.dtype.base_dtype),
+          delta=var.read_value(), use_locking=self._use_locking))
+    return tf.control_dependencies(decayed)
 
   def _resource_apply_dense(self, grad, var):
-    decayed = self._decayed(var)
-    if decayed is None:
-      return super()._resource_apply_dense(grad, var)
-    with tf.control_dependencies([decayed]):
+    with self._after_decay(var):
       return super()._resource_apply_dense(grad, var)
 
   def _resource_apply_sparse(self, grad, var, indices):
-    decayed = self._decayed(var)
-    if decayed is None:
+    with self._after_decay(var):
       return super()._resource_apply_sparse(grad, var, indices)
-    with tf.control_dependencies([decayed]):
-      return super()._resource_apply_sparse(grad, var, indices)
-
-
-def _key(var):
-  # Variables hash by identity in graph mode; their op names are unique.
-  return var.op.name
