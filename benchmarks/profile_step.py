@@ -19,9 +19,10 @@ and how it splits (a convolution / matmul running, only other ops, no op),
 each trainer's slowest op types, and its op types by their share of the
 wall time (each moment shared equally among the ops running then, so the
 shares add up to the time some op runs: ops that overlap others count for
-less than their op time). One trace is one step: compare shares,
-and repeat for figures to quote. Without --original_dir only deeplab-train
-is profiled.
+less than their op time), and the op types that run alone, one op at a
+time (the step's serial stretches, where one inter-op thread waits). One
+trace is one step: compare shares, and repeat for figures to quote.
+Without --original_dir only deeplab-train is profiled.
 """
 import argparse
 import collections
@@ -106,35 +107,56 @@ def covered_ms(intervals):
   return total / 1000.0
 
 
-def wall_share_ms(spans):
-  """{op type: ms}: the wall time covered by (start, end, op type) spans in
-  us, each moment shared equally among the spans running then."""
+def _moments(spans):
+  """(us, {op type: spans running}, spans running) for each stretch of
+  time between the starts and ends of (start, end, op type) spans in us,
+  where some span runs."""
   points = []
   for start, end, op in spans:
     if end > start:
       points += [(start, 1, op), (end, -1, op)]
   # At one time, spans end before others start.
   points.sort(key=lambda p: (p[0], p[1]))
-  running, share = collections.Counter(), collections.Counter()
+  running = collections.Counter()
   count, last = 0, None
   for at, change, op in points:
     if count and at > last:
-      for name, n in running.items():
-        share[name] += (at - last) * n / count
+      yield at - last, running, count
     running[op] += change
     count += change
     if not running[op]:
       del running[op]
     last = at
+
+
+def wall_share_ms(spans):
+  """{op type: ms}: the wall time covered by (start, end, op type) spans in
+  us, each moment shared equally among the spans running then."""
+  share = collections.Counter()
+  for us, running, count in _moments(spans):
+    for name, n in running.items():
+      share[name] += us * n / count
   return {op: us / 1000.0 for op, us in share.items()}
+
+
+def alone_ms(spans):
+  """{op type: ms}: the wall time during which a span of that type is the
+  only one running: the step's serial stretches, where one inter-op thread
+  has nothing to run (the op may still use every intra-op thread)."""
+  alone = collections.Counter()
+  for us, running, count in _moments(spans):
+    if count == 1:
+      alone[next(iter(running))] += us
+  return {op: us / 1000.0 for op, us in alone.items()}
 
 
 def summarize_trace(path):
   """{'wall_ms', 'op_ms', 'kinds': {kind: ms}, 'ops': {op type: ms},
-  'wall_parts': {part: ms}, 'wall_share': {op type: ms}}: op time summed
-  by kind and type, the step's wall time split into WALL_PARTS (ops
-  overlap, so their times add up to more than the wall time), and each op
-  type's share of the wall time (wall_share_ms)."""
+  'wall_parts': {part: ms}, 'wall_share': {op type: ms},
+  'alone': {op type: ms}}: op time summed by kind and type, the step's
+  wall time split into WALL_PARTS (ops overlap, so their times add up to
+  more than the wall time), each op type's share of the wall time
+  (wall_share_ms) and the time it runs alone (alone_ms)."""
   with open(path) as f:
     events = json.load(f)['traceEvents']
   kinds, ops = collections.Counter(), collections.Counter()
@@ -157,7 +179,7 @@ def summarize_trace(path):
           'kinds': dict(kinds), 'ops': dict(ops),
           'wall_parts': dict(zip(WALL_PARTS, (dense_ms, busy_ms - dense_ms,
                                               wall - busy_ms))),
-          'wall_share': wall_share_ms(spans)}
+          'wall_share': wall_share_ms(spans), 'alone': alone_ms(spans)}
 
 
 def run_logged(argv, log_path, cwd=None, env=None):
@@ -228,6 +250,14 @@ def table(named):
   for name, s in named:
     lines.append('op types by their share of the wall time, %s:' % name)
     top = sorted(s['wall_share'].items(), key=lambda kv: -kv[1])[:12]
+    lines.extend('  %-48s %s' % (op, _share(ms, s['wall_ms']))
+                 for op, ms in top)
+  for name, s in named:
+    alone = s['alone']
+    lines.append('op types running alone, %s (one op at a time, %s of '
+                 'the wall time):' % (name, _share(sum(alone.values()),
+                                                   s['wall_ms']).strip()))
+    top = sorted(alone.items(), key=lambda kv: -kv[1])[:12]
     lines.extend('  %-48s %s' % (op, _share(ms, s['wall_ms']))
                  for op, ms in top)
   return '\n'.join(lines)

@@ -62,6 +62,27 @@ def test_wall_time_is_shared_among_the_ops_running(profile_step, tmp_path):
   assert '_MklMatMul' in table.split('share of the wall time')[1]
 
 
+def test_time_an_op_runs_alone(profile_step, tmp_path):
+  # The events above: the matmul alone 0-5, batch norm alone 12-15; the
+  # two ReLUs 20-24 run side by side, so neither is alone; 5-12 two or
+  # three ops run.
+  events = [_op('_MklMatMul', 0, 10), _op('_MklNativeConv2D', 5, 12),
+            _op('FusedBatchNormV3', 8, 15), _op('Relu', 20, 24),
+            _op('Relu', 20, 24), _op('Const', 3, 3)]
+  path = tmp_path / 'timeline.json'
+  path.write_text(json.dumps({'traceEvents': events}))
+
+  summary = profile_step.summarize_trace(str(path))
+
+  assert summary['alone'] == pytest.approx({'_MklMatMul': 5.0,
+                                            'FusedBatchNormV3': 3.0})
+  table = profile_step.table([('deeplab-train', summary)])
+  alone = table.split('op types running alone')[1]
+  assert '8.0 ms' in alone.splitlines()[0]
+  assert alone.index('_MklMatMul') < alone.index('FusedBatchNormV3')
+  assert 'Relu' not in alone
+
+
 def test_covered_time_merges_nested_and_touching_spans(profile_step):
   assert profile_step.covered_ms([]) == 0.0
   assert profile_step.covered_ms(
