@@ -38,17 +38,21 @@ def test_wall_time_splits_into_matmul_other_and_idle(profile_step, tmp_path):
   assert 'only other ops run' in table and '7.0 ms' in table
 
 
-def test_wall_time_is_shared_among_the_ops_running(profile_step, tmp_path):
-  # The events of the test above, one ReLU twice at once, and an event of
-  # no duration. 0-5 the matmul alone, 5-8 with the conv, 8-10 the three,
-  # 10-12 conv and batch norm, 12-15 batch norm alone, 20-24 two ReLUs.
+def _overlapping_trace(profile_step, tmp_path):
+  """The summary of the events of the test above, one ReLU twice at once,
+  and an event of no duration. 0-5 the matmul alone, 5-8 with the conv,
+  8-10 the three, 10-12 conv and batch norm, 12-15 batch norm alone, 20-24
+  two ReLUs."""
   events = [_op('_MklMatMul', 0, 10), _op('_MklNativeConv2D', 5, 12),
             _op('FusedBatchNormV3', 8, 15), _op('Relu', 20, 24),
             _op('Relu', 20, 24), _op('Const', 3, 3)]
   path = tmp_path / 'timeline.json'
   path.write_text(json.dumps({'traceEvents': events}))
+  return profile_step.summarize_trace(str(path))
 
-  summary = profile_step.summarize_trace(str(path))
+
+def test_wall_time_is_shared_among_the_ops_running(profile_step, tmp_path):
+  summary = _overlapping_trace(profile_step, tmp_path)
 
   share = summary['wall_share']
   assert share == pytest.approx({'_MklMatMul': 5 + 1.5 + 2 / 3,
@@ -63,16 +67,9 @@ def test_wall_time_is_shared_among_the_ops_running(profile_step, tmp_path):
 
 
 def test_time_an_op_runs_alone(profile_step, tmp_path):
-  # The events above: the matmul alone 0-5, batch norm alone 12-15; the
-  # two ReLUs 20-24 run side by side, so neither is alone; 5-12 two or
-  # three ops run.
-  events = [_op('_MklMatMul', 0, 10), _op('_MklNativeConv2D', 5, 12),
-            _op('FusedBatchNormV3', 8, 15), _op('Relu', 20, 24),
-            _op('Relu', 20, 24), _op('Const', 3, 3)]
-  path = tmp_path / 'timeline.json'
-  path.write_text(json.dumps({'traceEvents': events}))
-
-  summary = profile_step.summarize_trace(str(path))
+  # The matmul alone 0-5, batch norm alone 12-15; the two ReLUs 20-24 run
+  # side by side, so neither is alone; 5-12 two or three ops run.
+  summary = _overlapping_trace(profile_step, tmp_path)
 
   assert summary['alone'] == pytest.approx({'_MklMatMul': 5.0,
                                             'FusedBatchNormV3': 3.0})
