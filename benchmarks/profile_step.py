@@ -249,18 +249,21 @@ def table(named):
     lines.extend('  %-48s %8.1f ms' % kv for kv in top)
   for name, s in named:
     lines.append('op types by their share of the wall time, %s:' % name)
-    top = sorted(s['wall_share'].items(), key=lambda kv: -kv[1])[:12]
-    lines.extend('  %-48s %s' % (op, _share(ms, s['wall_ms']))
-                 for op, ms in top)
+    lines.extend(_top_shares(s['wall_share'], s['wall_ms']))
   for name, s in named:
     alone = s['alone']
     lines.append('op types running alone, %s (one op at a time, %s of '
                  'the wall time):' % (name, _share(sum(alone.values()),
                                                    s['wall_ms']).strip()))
-    top = sorted(alone.items(), key=lambda kv: -kv[1])[:12]
-    lines.extend('  %-48s %s' % (op, _share(ms, s['wall_ms']))
-                 for op, ms in top)
+    lines.extend(_top_shares(alone, s['wall_ms']))
   return '\n'.join(lines)
+
+
+def _top_shares(ms_by_op, wall_ms, count=12):
+  """Table lines of the `count` op types with the most ms in `ms_by_op`,
+  each with its ms and share of `wall_ms`."""
+  top = sorted(ms_by_op.items(), key=lambda kv: -kv[1])[:count]
+  return ['  %-48s %s' % (op, _share(ms, wall_ms)) for op, ms in top]
 
 
 def main():
