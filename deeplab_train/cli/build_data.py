@@ -13,6 +13,14 @@ Generic layout: images matched to <stem>.png masks by file stem, one split:
       --split_name=train --output_dir=tfrecord --num_classes=6 \\
       --dataset_name=mydata
 
+Cityscapes layout (leftImg8bit/<split>/<city>/*_leftImg8bit.png with
+gtFine/<split>/<city>/*_gtFine_labelTrainIds.png, or else the
+*_gtFine_labelIds.png the dataset ships, mapped to its 19 train ids), train
+and val, or only --split_name; --dataset_name and --num_classes default to
+cityscapes and 19 there:
+
+  deeplab-build-data --cityscapes_root=cityscapes --output_dir=tfrecord
+
 Palette ('P') and grey ('L') label PNGs are read as class ids; RGB colour
 labels are converted through --colormap (or refused with
 --noconvert_rgb_labels). Run once per split to add splits to the same
@@ -39,6 +47,7 @@ from deeplab_train.config import ConfigError
 from deeplab_train.data import build_inputs
 from deeplab_train.data import build_options
 from deeplab_train.data import colormap
+from deeplab_train.data import datasets
 from deeplab_train.data import stats
 # Library modules that load TensorFlow (seconds) are imported by the
 # functions using them, after the flag checks: --help, a bad flag and a
@@ -73,7 +82,15 @@ _GENERIC_LAYOUT_TABLE = (
      'selects the generic layout.'),
     ('string', 'split_name', None,
      'Split to write. Required with --masks_folder; in the VOC layout, '
-     'convert only <split_name>.txt.'),
+     'convert only <split_name>.txt; in the Cityscapes layout, only that '
+     'split\'s folder.'),
+)
+
+# Cityscapes layout (the original Cityscapes converter's flag).
+_CITYSCAPES_LAYOUT_TABLE = (
+    ('string', 'cityscapes_root', None,
+     'Cityscapes layout: the folder holding leftImg8bit/ and gtFine/. '
+     'Setting it selects the Cityscapes layout.'),
 )
 
 # Dataset description and validation.
@@ -103,22 +120,24 @@ _OUTPUT_TABLE = (
      'Threads converting shards in parallel (default: one per core, at most '
      '--num_shards).'),
 )
-flag_table.define(_CONVERTER_TABLE, _GENERIC_LAYOUT_TABLE, _DATASET_TABLE,
-                  _OUTPUT_TABLE)
+flag_table.define(_CONVERTER_TABLE, _GENERIC_LAYOUT_TABLE,
+                  _CITYSCAPES_LAYOUT_TABLE, _DATASET_TABLE, _OUTPUT_TABLE)
 
 
 # Conversion errors name BuildOptions fields and the arguments of
 # build_voc / build_generic / convert; each is set by the flag of the same
 # name, except:
-FLAG_NAMES = {'build_voc.label_folder': 'semantic_segmentation_folder'}
+FLAG_NAMES = {'build_voc.label_folder': 'semantic_segmentation_folder',
+              'build_cityscapes.root': 'cityscapes_root'}
 
 
 @dataclasses.dataclass(frozen=True)
 class BuildJob:
   """What to convert: the folders, their layout, and the dataset options.
 
-  `masks_folder` set selects the generic layout (images matched to masks by
-  file stem); otherwise the VOC layout reads the id lists of `list_folder`.
+  `cityscapes_root` set selects the Cityscapes layout, `masks_folder` set
+  the generic layout (images matched to masks by file stem); otherwise the
+  VOC layout reads the id lists of `list_folder`.
   """
   options: build_options.BuildOptions
   image_folder: str
@@ -129,13 +148,32 @@ class BuildJob:
   semantic_segmentation_folder: Optional[str] = None
   list_folder: Optional[str] = None
   image_format: str = 'jpg'
+  cityscapes_root: Optional[str] = None
+
+
+def _dataset_defaults():
+  """(dataset_name, num_classes, ignore_label) from the flags; in the
+  Cityscapes layout those not given are Cityscapes' own."""
+  given = (FLAGS.dataset_name, FLAGS.num_classes, FLAGS.ignore_label)
+  if not FLAGS.cityscapes_root:
+    return given
+  cityscapes = datasets.BUILTIN_DATASETS['cityscapes']
+  own = (cityscapes.name, cityscapes.num_classes, cityscapes.ignore_label)
+  return tuple(value if FLAGS[name].present else default
+               for name, value, default in zip(
+                   ('dataset_name', 'num_classes', 'ignore_label'), given,
+                   own))
 
 
 def options_from_flags():
   """The flags -> a BuildJob (its BuildOptions validated)."""
+  if FLAGS.cityscapes_root and FLAGS.masks_folder:
+    raise ConfigError('--cityscapes_root and --masks_folder select two '
+                      'layouts; give one')
+  dataset_name, num_classes, ignore_label = _dataset_defaults()
   options = build_options.BuildOptions(
-      num_classes=FLAGS.num_classes, ignore_label=FLAGS.ignore_label,
-      dataset_name=FLAGS.dataset_name,
+      num_classes=num_classes, ignore_label=ignore_label,
+      dataset_name=dataset_name,
       class_names=tuple(FLAGS.class_names) if FLAGS.class_names else None,
       colormap=FLAGS.colormap, convert_rgb_labels=FLAGS.convert_rgb_labels,
       num_shards=FLAGS.num_shards, num_workers=FLAGS.num_workers).validate()
@@ -145,7 +183,8 @@ def options_from_flags():
       output_dir=FLAGS.output_dir, label_format=FLAGS.label_format,
       split_name=FLAGS.split_name, masks_folder=FLAGS.masks_folder,
       semantic_segmentation_folder=FLAGS.semantic_segmentation_folder,
-      list_folder=FLAGS.list_folder, image_format=FLAGS.image_format)
+      list_folder=FLAGS.list_folder, image_format=FLAGS.image_format,
+      cityscapes_root=FLAGS.cityscapes_root)
   _check_input_folders(job)
   return job
 
@@ -155,7 +194,9 @@ def _check_input_folders(job):
   the conversion loads TensorFlow (seconds), so that a wrong path, or the
   original's VOC defaults where there is no VOCdevkit, is answered at
   once. The conversion lists and checks everything else."""
-  if job.masks_folder:
+  if job.cityscapes_root:
+    folders = (('{build_cityscapes.root}', job.cityscapes_root),)
+  elif job.masks_folder:
     folders = (('{build_generic.image_folder}', job.image_folder),
                ('{build_generic.masks_folder}', job.masks_folder))
   else:
@@ -169,6 +210,9 @@ def _check_input_folders(job):
 def convert(job):
   """Runs the conversion the job describes; returns the DatasetInfo."""
   from deeplab_train.data import build  # pylint: disable=g-import-not-at-top
+  if job.cityscapes_root:
+    return build.build_cityscapes(job.cityscapes_root, job.output_dir,
+                                  job.options, split_name=job.split_name)
   if job.masks_folder:
     return build.build_generic(job.image_folder, job.masks_folder,
                                job.split_name, job.output_dir, job.options,

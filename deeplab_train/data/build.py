@@ -3,7 +3,8 @@
 The conversion behind deeplab-build-data, in four modules:
 
   build_options   BuildOptions and the errors, which name option fields
-  build_inputs    lists the pairs of a VOC-layout or generic dataset
+  build_inputs    lists the pairs of a VOC-layout, generic or Cityscapes
+                  dataset
   build_examples  reads, validates and encodes one pair
   build           (this module) writes the shards and dataset.json
 
@@ -256,3 +257,22 @@ def build_generic(image_folder, masks_folder, split_name, output_dir,
                                          label_format)
   return convert({split_name: entries}, output_dir, options)
 
+
+def build_cityscapes(root, output_dir, options, split_name=None):
+  """Converts a Cityscapes root (train and val, or `split_name` only).
+
+  Args:
+    root: the folder holding leftImg8bit/ and gtFine/.
+    output_dir: folder of the TFRecords (created if needed).
+    options: BuildOptions (Cityscapes' train ids: 19 classes, ignore 255).
+    split_name: convert only this split (None: train and val).
+
+  Returns:
+    The DatasetInfo written.
+
+  Raises:
+    ConfigError / DataError: bad options, folders or input files.
+  """
+  splits = build_inputs.cityscapes_splits(root, split_name)
+  return convert({split: build_inputs.cityscapes_entries(root, split)
+                  for split in splits}, output_dir, options)

@@ -109,8 +109,11 @@ def _unknown_colours_error(rgb, path, palette, options, unknown):
       options.num_classes - 1, options.ignore_label, shown, hint)
 
 
-def read_label(path, options):
+def read_label(path, options, label_map=None):
   """Reads a label file as uint8 ids [H, W] and checks the id range.
+
+  `label_map` (256 class ids), if given, maps the values of a palette or
+  grey label to class ids first.
 
   Raises:
     DataError: unreadable file, RGB label with conversion off or unknown
@@ -129,6 +132,12 @@ def read_label(path, options):
                                   path, e) from None
   if mode in _ID_MODES:
     ids = pixels.astype(np.int64)
+    if label_map is not None:
+      if ids.size and not 0 <= ids.min() <= ids.max() < len(label_map):
+        raise build_options.DataError(
+            '%s: label values %d..%d, expected 8-bit label ids', path,
+            ids.min(), ids.max())
+      ids = np.asarray(label_map, dtype=np.int64)[ids]
   elif mode in ('RGB', 'RGBA'):
     if not options.convert_rgb_labels:
       raise build_options.DataError(
@@ -189,7 +198,7 @@ def encode_pair(entry, options):
   image_data, image_format, height, width = read_image(entry.image_path)
   ids = label_data = None
   if entry.label_path is not None:
-    ids = read_label(entry.label_path, options)
+    ids = read_label(entry.label_path, options, entry.label_map)
     if ids.shape != (height, width):
       raise build_options.DataError(
           'size mismatch: image %s is %dx%d (WxH) but label %s is %dx%d',

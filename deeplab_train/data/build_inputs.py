@@ -1,12 +1,16 @@
 """Lists the image/label pairs of a dataset to convert.
 
-Two layouts are read:
+Three layouts are read:
 
 * VOC: `image_folder/<id>.<image_format>`, `label_folder/<id>.png` and one
   `list_folder/<split>.txt` of ids per split (the original converter's
   layout).
 * generic: an images folder and a masks folder matched by file stem, written
   as one named split.
+* Cityscapes: `root/leftImg8bit/<split>/<city>/<stem>_leftImg8bit.png` with
+  `root/gtFine/<split>/<city>/<stem>_gtFine_labelTrainIds.png` (what the
+  original converter reads), or else `<stem>_gtFine_labelIds.png` as the
+  dataset ships, its label ids mapped to the 19 train ids.
 
 Everything is listed and checked (folders, lists, each listed file) before
 anything is converted; the missing files of a list are reported together.
@@ -15,22 +19,35 @@ import collections
 import dataclasses
 import logging
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 from deeplab_train.config import ConfigError
 from deeplab_train.data import build_options
+from deeplab_train.data import datasets
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 
 _log = logging.getLogger(__name__)
 
 
+CITYSCAPES_IMAGE_SUFFIX = '_leftImg8bit.png'
+CITYSCAPES_TRAIN_ID_SUFFIX = '_gtFine_labelTrainIds.png'
+CITYSCAPES_LABEL_ID_SUFFIX = '_gtFine_labelIds.png'
+# The splits the original Cityscapes converter writes.
+CITYSCAPES_DEFAULT_SPLITS = ('train', 'val')
+
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
-  """One image/label pair to convert."""
+  """One image/label pair to convert.
+
+  `label_map`, if set, gives the class id of each value (0..255) of the
+  label file.
+  """
   name: str
   image_path: str
   label_path: Optional[str]
+  label_map: Optional[Tuple[int, ...]] = None
 
 
 def require_dir(path, field):
@@ -170,4 +187,76 @@ def generic_entries(image_folder, masks_folder, label_format='png'):
         '%d image(s) in %s have no <stem>.%s mask in %s: %s', len(unmatched),
         image_folder, label_format, masks_folder,
         build_options.few(unmatched))
+  return entries
+
+
+def cityscapes_splits(root, split_name=None):
+  """The splits of a Cityscapes root to convert: `split_name`, else those
+  of train and val (the original converter's) that are there.
+
+  Raises:
+    ConfigError: no such root or leftImg8bit folder, or no such split.
+  """
+  require_dir(root, '{build_cityscapes.root}')
+  images = os.path.join(root, 'leftImg8bit')
+  if not os.path.isdir(images):
+    raise ConfigError(
+        '{build_cityscapes.root}=%s has no leftImg8bit folder; give the '
+        'folder that holds leftImg8bit/ and gtFine/', root)
+  found = sorted(d for d in os.listdir(images)
+                 if os.path.isdir(os.path.join(images, d)))
+  if split_name:
+    if split_name not in found:
+      raise ConfigError(
+          '{build_cityscapes.split_name}=%s: no %s folder (found: %s)',
+          split_name, os.path.join(images, split_name),
+          build_options.few(found) or 'none')
+    return [split_name]
+  splits = [s for s in CITYSCAPES_DEFAULT_SPLITS if s in found]
+  if not splits:
+    raise ConfigError(
+        '%s holds no train or val folder (found: %s); name the split to '
+        'convert with {build_cityscapes.split_name}', images,
+        build_options.few(found) or 'none')
+  return splits
+
+
+def cityscapes_entries(root, split):
+  """The images of one Cityscapes split, each with its gtFine label
+  (train ids if that file is there, else label ids mapped to train ids),
+  sorted by city and stem; named by stem as the original converter does.
+
+  Raises:
+    DataError: no images, or images without a label.
+  """
+  image_dir = os.path.join(root, 'leftImg8bit', split)
+  label_dir = os.path.join(root, 'gtFine', split)
+  entries, unlabelled = [], []
+  for city in sorted(os.listdir(image_dir)):
+    city_dir = os.path.join(image_dir, city)
+    if not os.path.isdir(city_dir):
+      continue
+    for f in sorted(os.listdir(city_dir)):
+      if not f.endswith(CITYSCAPES_IMAGE_SUFFIX) or f.startswith('.'):
+        continue
+      _utf8_file_name(city_dir, f)
+      stem = f[:-len(CITYSCAPES_IMAGE_SUFFIX)]
+      image = os.path.join(city_dir, f)
+      labels = os.path.join(label_dir, city, stem)
+      if os.path.isfile(labels + CITYSCAPES_TRAIN_ID_SUFFIX):
+        entries.append(Entry(stem, image,
+                             labels + CITYSCAPES_TRAIN_ID_SUFFIX))
+      elif os.path.isfile(labels + CITYSCAPES_LABEL_ID_SUFFIX):
+        entries.append(Entry(stem, image, labels + CITYSCAPES_LABEL_ID_SUFFIX,
+                             datasets.CITYSCAPES_LABEL_ID_TO_TRAIN_ID))
+      else:
+        unlabelled.append(os.path.join(city, f))
+  if unlabelled:
+    raise build_options.DataError(
+        '%d image(s) in %s have no %s or %s label in %s: %s',
+        len(unlabelled), image_dir, '<stem>' + CITYSCAPES_TRAIN_ID_SUFFIX,
+        CITYSCAPES_LABEL_ID_SUFFIX, label_dir, build_options.few(unlabelled))
+  if not entries:
+    raise build_options.DataError(
+        '%s holds no <city>/*%s images', image_dir, CITYSCAPES_IMAGE_SUFFIX)
   return entries

@@ -45,6 +45,16 @@ CITYSCAPES_CLASSES = (
     'traffic sign', 'vegetation', 'terrain', 'sky', 'person', 'rider', 'car',
     'truck', 'bus', 'train', 'motorcycle', 'bicycle')
 
+# Cityscapes' label ids (its gtFine *_labelIds.png files, and what its
+# evaluation server reads) of the 19 train ids above, in train id order.
+CITYSCAPES_TRAIN_ID_TO_LABEL_ID = (7, 8, 11, 12, 13, 17, 19, 20, 21, 22, 23,
+                                   24, 25, 26, 27, 28, 31, 32, 33)
+# The other way, for every 8-bit label id: the label ids that are not
+# trained on (unlabeled, parking, guard rail, ...) go to the ignore label.
+CITYSCAPES_LABEL_ID_TO_TRAIN_ID = tuple(
+    CITYSCAPES_TRAIN_ID_TO_LABEL_ID.index(i)
+    if i in CITYSCAPES_TRAIN_ID_TO_LABEL_ID else 255 for i in range(256))
+
 # Id 0 is "other" (also the ignore label); 1..150 are the benchmark classes.
 ADE20K_CLASSES = ('other',) + (
     'wall', 'building', 'sky', 'floor', 'tree', 'ceiling', 'road', 'bed',

@@ -27,6 +27,7 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
 from deeplab_train.data import colormap as colormap_lib
+from deeplab_train.data import datasets
 from deeplab_train.data import pil_images
 from deeplab_train.data import preprocess
 from deeplab_train.evaluation import eval_loop
@@ -41,8 +42,7 @@ IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 
 # Cityscapes is trained on 19 train ids; its evaluation server wants the
 # original label ids, so raw predictions are mapped (as the original vis).
-CITYSCAPES_TRAIN_ID_TO_EVAL_ID = (7, 8, 11, 12, 13, 17, 19, 20, 21, 22, 23,
-                                  24, 25, 26, 27, 28, 31, 32, 33)
+CITYSCAPES_TRAIN_ID_TO_EVAL_ID = datasets.CITYSCAPES_TRAIN_ID_TO_LABEL_ID
 
 _log = logging.getLogger(__name__)
 
