@@ -1,6 +1,7 @@
 """deeplab-build-data's Cityscapes layout: leftImg8bit/ and gtFine/ folders
 by split and city, labels as train ids or as the label ids the dataset
-ships (mapped to train ids)."""
+ships (mapped to train ids); its records against those of the original's
+converter on the same tree."""
 import json
 import os
 import subprocess
@@ -13,52 +14,12 @@ import pytest
 from deeplab_train.config import ConfigError
 from deeplab_train.data import build
 from deeplab_train.data import datasets
+import cityscapes_tree
 import test_data_build
-import test_data_common as common
 
 OPTIONS = build.BuildOptions(num_classes=19, dataset_name='cityscapes',
                              num_shards=2)
-
-# Label ids of the dataset with the train id each stands for (255: not
-# trained on): unlabeled, road, parking, building, guard rail, sky,
-# license plate's 8-bit -1, bicycle.
-LABEL_IDS = np.array([0, 7, 9, 11, 14, 23, 255, 33], dtype=np.uint8)
-TRAIN_IDS = np.array([255, 0, 255, 2, 255, 10, 255, 18], dtype=np.uint8)
-
-
-def write_city(root, split, city, count, rng, labels='train_ids'):
-  """Writes `count` images of one city; returns {stem: want train ids}.
-
-  Args:
-    labels: 'train_ids' (*_gtFine_labelTrainIds.png), 'label_ids'
-      (*_gtFine_labelIds.png, with the other label files the dataset
-      ships beside them) or None (no label).
-  """
-  image_dir = os.path.join(root, 'leftImg8bit', split, city)
-  label_dir = os.path.join(root, 'gtFine', split, city)
-  os.makedirs(image_dir, exist_ok=True)
-  os.makedirs(label_dir, exist_ok=True)
-  want = {}
-  for i in range(count):
-    stem = '%s_%06d_000019' % (city, i)
-    height, width = int(rng.randint(17, 30)), int(rng.randint(17, 30))
-    Image.fromarray(common.random_image(rng, height, width)).save(
-        os.path.join(image_dir, stem + '_leftImg8bit.png'))
-    index = common.blocky_label(rng, height, width, len(LABEL_IDS), block=4)
-    if labels == 'train_ids':
-      Image.fromarray(TRAIN_IDS[index], 'L').save(
-          os.path.join(label_dir, stem + '_gtFine_labelTrainIds.png'))
-    elif labels == 'label_ids':
-      label_ids = LABEL_IDS[index]
-      Image.fromarray(label_ids, 'L').save(
-          os.path.join(label_dir, stem + '_gtFine_labelIds.png'))
-      # Files of the download that are not read: ids > 255 and colours.
-      Image.fromarray(label_ids.astype(np.uint16) * 1000).save(
-          os.path.join(label_dir, stem + '_gtFine_instanceIds.png'))
-      Image.fromarray(common.random_image(rng, height, width)).save(
-          os.path.join(label_dir, stem + '_gtFine_color.png'))
-    want[stem] = TRAIN_IDS[index]
-  return want
+write_city = cityscapes_tree.write_city
 
 
 def records_by_name(out, split):
@@ -79,13 +40,11 @@ def test_label_ids_map_to_the_train_ids_of_the_class_names():
 
 
 def test_train_and_val_from_train_ids_or_label_ids(tmp_path):
-  rng = np.random.RandomState(0)
   root = str(tmp_path / 'cityscapes')
-  want = write_city(root, 'train', 'bremen', 3, rng)
-  want.update(write_city(root, 'train', 'aachen', 2, rng,
-                         labels='label_ids'))
-  want_val = write_city(root, 'val', 'lindau', 2, rng, labels='label_ids')
-  write_city(root, 'test', 'berlin', 1, rng, labels=None)
+  want = write_city(root, 'train', 'bremen', 3, 0)
+  want.update(write_city(root, 'train', 'aachen', 2, 1, labels='label_ids'))
+  want_val = write_city(root, 'val', 'lindau', 2, 2, labels='label_ids')
+  write_city(root, 'test', 'berlin', 1, 3, labels=None)
   out = str(tmp_path / 'out')
 
   info = build.build_cityscapes(root, out, OPTIONS)
@@ -113,9 +72,39 @@ def test_train_and_val_from_train_ids_or_label_ids(tmp_path):
     build.build_cityscapes(root, out, OPTIONS, split_name='test')
   assert sorted(json.loads(open(os.path.join(
       out, 'dataset.json')).read())['splits_to_sizes']) == ['train', 'val']
-  write_city(root, 'test', 'berlin', 1, np.random.RandomState(1))
+  write_city(root, 'test', 'berlin', 1, 4)
   info = build.build_cityscapes(root, out, OPTIONS, split_name='test')
   assert info.splits_to_sizes == {'train': 5, 'val': 2, 'test': 1}
+
+
+def test_records_equal_the_original_converters(tmp_path, reference_dir):
+  """The records of the original's build_cityscapes_data.py on the same
+  tree (tests/reference/cityscapes_records.npz): the same order in the
+  same 10 shards, the same features, the same decoded image and label."""
+  want = np.load(str(reference_dir / 'cityscapes_records.npz'))
+  root = str(tmp_path / 'cityscapes')
+  cityscapes_tree.write_reference_tree(root)
+  out = str(tmp_path / 'out')
+  build.build_cityscapes(root, out, build.BuildOptions(
+      num_classes=19, dataset_name='cityscapes', num_shards=10))
+  compared = 0
+  for split in ('train', 'val'):
+    records = test_data_build.all_records(out, split, 10)
+    assert len(records) == int(want[split + '/count']) > 0
+    for i, (feature, image, label) in enumerate(records):
+      prefix = '%s/%d/' % (split, i)
+      keys = {k[len(prefix):] for k in want.files if k.startswith(prefix)}
+      assert keys == {k.replace('/encoded', '/decoded') for k in feature}
+      for key in keys - {'image/decoded', 'image/segmentation/class/decoded'}:
+        value = feature[key]
+        got = (value.bytes_list.value[0].decode() if value.bytes_list.value
+               else value.int64_list.value[0])
+        assert got == want[prefix + key].item(), (prefix + key, got)
+      np.testing.assert_array_equal(image, want[prefix + 'image/decoded'])
+      np.testing.assert_array_equal(
+          label, want[prefix + 'image/segmentation/class/decoded'])
+      compared += 1
+  assert compared == 7
 
 
 def test_layout_errors_name_the_folder(tmp_path):
@@ -139,8 +128,7 @@ def test_layout_errors_name_the_folder(tmp_path):
                            split_name='train_extra')
   # A label of label ids above 255 (a 16-bit PNG) is refused, not wrapped.
   label_dir = root / 'gtFine' / 'train_extra' / 'ulm'
-  write_city(str(root), 'train_extra', 'ulm', 1, np.random.RandomState(2),
-             labels='label_ids')
+  write_city(str(root), 'train_extra', 'ulm', 1, 5, labels='label_ids')
   path = label_dir / 'ulm_000000_000019_gtFine_labelIds.png'
   shape = np.asarray(Image.open(str(path))).shape
   Image.fromarray(np.full(shape, 300, np.uint16)).save(str(path))
@@ -155,9 +143,8 @@ def test_layout_errors_name_the_folder(tmp_path):
 
 def test_cli_defaults_to_cityscapes_classes(tmp_path):
   root = str(tmp_path / 'cityscapes')
-  rng = np.random.RandomState(3)
-  write_city(root, 'train', 'jena', 2, rng, labels='label_ids')
-  write_city(root, 'val', 'ulm', 1, rng)
+  write_city(root, 'train', 'jena', 2, 6, labels='label_ids')
+  write_city(root, 'val', 'ulm', 1, 7)
   out = str(tmp_path / 'out')
   proc = subprocess.run(
       [sys.executable, '-m', 'deeplab_train.cli.build_data',
