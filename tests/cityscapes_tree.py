@@ -63,11 +63,8 @@ def write_city(root, split, city, count, seed, labels='train_ids'):
 
 
 def write_reference_tree(root):
-  """Writes REFERENCE_TREE; returns {split: {stem: train ids}}."""
-  want = {}
+  """Writes REFERENCE_TREE."""
   for split, cities in REFERENCE_TREE.items():
-    want[split] = {}
     for number, (city, count) in enumerate(cities):
-      want[split].update(write_city(root, split, city, count,
-                                    REFERENCE_SEED + 100 * number + len(split)))
-  return want
+      write_city(root, split, city, count,
+                 REFERENCE_SEED + 100 * number + len(split))

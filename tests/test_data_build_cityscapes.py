@@ -4,8 +4,6 @@ ships (mapped to train ids); its records against those of the original's
 converter on the same tree."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 from PIL import Image
@@ -146,11 +144,9 @@ def test_cli_defaults_to_cityscapes_classes(tmp_path):
   write_city(root, 'train', 'jena', 2, 6, labels='label_ids')
   write_city(root, 'val', 'ulm', 1, 7)
   out = str(tmp_path / 'out')
-  proc = subprocess.run(
-      [sys.executable, '-m', 'deeplab_train.cli.build_data',
-       '--cityscapes_root', root, '--output_dir', out, '--num_shards', '2'],
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'), capture_output=True,
-      text=True, timeout=120, check=False)
+  proc = test_data_build._cli(
+      ['--cityscapes_root', root, '--output_dir', out, '--num_shards', '2'],
+      str(tmp_path))
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads(proc.stdout.splitlines()[-1])
   assert result['status'] == 'ok'
@@ -162,12 +158,9 @@ def test_cli_defaults_to_cityscapes_classes(tmp_path):
   assert sorted(records_by_name(out, 'val')) == ['ulm_000000_000019']
 
   # The layouts' flags exclude each other, named before any conversion.
-  proc = subprocess.run(
-      [sys.executable, '-m', 'deeplab_train.cli.build_data',
-       '--cityscapes_root', root, '--masks_folder', root,
-       '--output_dir', out],
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'), capture_output=True,
-      text=True, timeout=120, check=False)
+  proc = test_data_build._cli(
+      ['--cityscapes_root', root, '--masks_folder', root, '--output_dir', out],
+      str(tmp_path))
   assert proc.returncode == 2
   assert proc.stderr.splitlines()[-1] == (
       'deeplab-build-data: error: --cityscapes_root and --masks_folder '

@@ -216,7 +216,9 @@ def run_vis(job):
   from deeplab_train.model import registry
   info = job.dataset_info
   colormap = job.vis_options.colormap or info.colormap()
-  eval_ids = (vis.CITYSCAPES_TRAIN_ID_TO_EVAL_ID
+  # Cityscapes is trained on 19 train ids; its evaluation server wants its
+  # label ids, so raw predictions are mapped (as the original vis).
+  eval_ids = (datasets.CITYSCAPES_TRAIN_ID_TO_LABEL_ID
               if info.name == 'cityscapes' else None)
   samples = _samples(job)
   if job.exported_model:

@@ -27,7 +27,6 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
 from deeplab_train.data import colormap as colormap_lib
-from deeplab_train.data import datasets
 from deeplab_train.data import pil_images
 from deeplab_train.data import preprocess
 from deeplab_train.evaluation import eval_loop
@@ -39,10 +38,6 @@ RAW_FOLDER = 'raw_segmentation_results'
 OVERLAY_FOLDER = 'overlay_results'
 LEGEND_FILENAME = 'legend.png'
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
-
-# Cityscapes is trained on 19 train ids; its evaluation server wants the
-# original label ids, so raw predictions are mapped (as the original vis).
-CITYSCAPES_TRAIN_ID_TO_EVAL_ID = datasets.CITYSCAPES_TRAIN_ID_TO_LABEL_ID
 
 _log = logging.getLogger(__name__)
 
