@@ -49,7 +49,7 @@ def tiny_images(seed=0, sizes=SIZES):
   return out
 
 
-def write_tiny_dataset(root, split='val', pairs=None):
+def write_tiny_dataset(root, split='val', pairs=None, dataset_name='tiny'):
   """Writes PNGs and converts them to `root/tfrecord`; returns that folder."""
   pairs = pairs or tiny_images()
   folder = os.path.join(root, 'raw')
@@ -63,7 +63,7 @@ def write_tiny_dataset(root, split='val', pairs=None):
     entries.append(build.Entry(name, image_path, label_path))
   out = os.path.join(root, 'tfrecord')
   build.convert({split: entries}, out, build.BuildOptions(
-      num_classes=NUM_CLASSES, ignore_label=IGNORE, dataset_name='tiny',
+      num_classes=NUM_CLASSES, ignore_label=IGNORE, dataset_name=dataset_name,
       class_names=('bg', 'cat', 'dog'), colormap='pascal', num_shards=2,
       num_workers=1))
   return out

@@ -63,6 +63,32 @@ def test_split_pngs_with_raw_and_overlay(tiny, tmp_path, capsys):
               if f.startswith('.')]
 
 
+def test_cityscapes_raw_predictions_are_label_ids(tiny, tmp_path, capsys):
+  """A Cityscapes split: the raw PNGs hold the label ids of the predicted
+  train ids (0, 1, 2 -> road 7, sidewalk 8, building 11), as the
+  evaluation server reads them; the coloured PNGs keep the train ids."""
+  data = et.write_tiny_dataset(str(tmp_path / 'data'),
+                               dataset_name='cityscapes')
+  out = str(tmp_path / 'vis')
+  code = et.run_cli(vis_cli, ['--checkpoint_dir=' + tiny['train'],
+                              '--dataset_dir=' + data, '--vis_logdir=' + out,
+                              '--also_save_raw_predictions'])
+  assert code == 0
+  capsys.readouterr()
+  pairs = et.tiny_images()
+  want = _predict(tiny['checkpoint'], [image for _, image, _ in pairs])
+  pascal = colormap.get_colormap('pascal')  # the tiny dataset's palette
+  seen = set()
+  for (name, _, _), labels in zip(pairs, want):
+    raw = et.read_png(os.path.join(out, vis.RAW_FOLDER, name + '.png'))
+    np.testing.assert_array_equal(raw, np.array([7, 8, 11])[labels])
+    colored = et.read_png(os.path.join(out, vis.SEMANTIC_FOLDER,
+                                       name + '_prediction.png'))
+    np.testing.assert_array_equal(colored, pascal[labels])
+    seen.update(np.unique(raw).tolist())
+  assert seen == {7, 8, 11}
+
+
 def test_image_dir_cityscapes_colours_and_limit(tiny, tmp_path, capsys):
   photos = tmp_path / 'photos'
   photos.mkdir()
