@@ -27,7 +27,8 @@ Usage: $SCRIPT_NAME --data_dir DIR --work_dir DIR [options]
 
 One retraining round (see docs/cron.md). Options, each also settable by the
 environment variable in brackets:
-  --data_dir DIR         images + labels in VOC layout [DATA_DIR]
+  --data_dir DIR         images + labels in VOC layout, or a Cityscapes root
+                         (DATA_LAYOUT below) [DATA_DIR]
   --work_dir DIR         TFRecords, checkpoints, exports, logs [WORK_DIR]
   --steps N              training steps per run [STEPS_PER_RUN, 1000]
   --max_run_seconds S    training time budget; the trainer saves a checkpoint
@@ -44,6 +45,10 @@ environment variable in brackets:
   -h, --help             this text
 
 Data (environment variables, with their defaults):
+  DATA_LAYOUT [voc]: voc (the folders below) or cityscapes (DATA_DIR holds
+  Cityscapes' leftImg8bit/ and gtFine/; its train and val splits are
+  converted, and the defaults become DATASET_NAME=cityscapes, NUM_CLASSES=19,
+  TRAIN_CROP_SIZE=769,769, EVAL_CROP_SIZE and EXPORT_CROP_SIZE 1025,2049)
   IMAGE_SUBDIR [JPEGImages]  LABEL_SUBDIR [SegmentationClass]
   LIST_SUBDIR [ImageSets/Segmentation]  IMAGE_FORMAT [jpg]
   DATASET_NAME [custom]  NUM_CLASSES [21]  IGNORE_LABEL [255]  NUM_SHARDS [4]
@@ -89,6 +94,15 @@ parse_args() {
 set_defaults() {
   DATA_DIR=${DATA_DIR:-}
   WORK_DIR=${WORK_DIR:-}
+  DATA_LAYOUT=${DATA_LAYOUT:-voc}
+  if [[ $DATA_LAYOUT == cityscapes ]]; then
+    # Cityscapes' own classes, and crops of its 1024x2048 images.
+    DATASET_NAME=${DATASET_NAME:-cityscapes}
+    NUM_CLASSES=${NUM_CLASSES:-19}
+    TRAIN_CROP_SIZE=${TRAIN_CROP_SIZE:-769,769}
+    EVAL_CROP_SIZE=${EVAL_CROP_SIZE-1025,2049}
+    EXPORT_CROP_SIZE=${EXPORT_CROP_SIZE:-1025,2049}
+  fi
   IMAGE_SUBDIR=${IMAGE_SUBDIR:-JPEGImages}
   LABEL_SUBDIR=${LABEL_SUBDIR:-SegmentationClass}
   LIST_SUBDIR=${LIST_SUBDIR:-ImageSets/Segmentation}
@@ -119,7 +133,8 @@ check_settings() {
   local name answer settings=()
   for name in DATA_DIR WORK_DIR NUM_CLASSES IGNORE_LABEL NUM_SHARDS \
     STEPS_PER_RUN MAX_TOTAL_STEPS MAX_RUN_SECONDS KEEP_EXPORTS KEEP_LOGS \
-    TRAIN_ONLY_ON_NEW_DATA MIOU_MARGIN CANDIDATE TRAIN_EXTRA_FLAGS; do
+    TRAIN_ONLY_ON_NEW_DATA MIOU_MARGIN CANDIDATE TRAIN_EXTRA_FLAGS \
+    DATA_LAYOUT; do
     settings+=("$name=${!name}")
   done
   if ! answer=$(policy check -- "${settings[@]}"); then
@@ -253,13 +268,16 @@ on_exit() {
 # the `tfrecord` symlink at it; the old records stay in use until then.
 build_tfrecords() {
   local out="$TFRECORDS_DIR/$STAMP" tmp="$TFRECORDS_DIR/.tmp-$STAMP" extra
+  local input=(--cityscapes_root="$DATA_DIR")
+  if [[ $DATA_LAYOUT == voc ]]; then
+    input=(--image_folder="$DATA_DIR/$IMAGE_SUBDIR"
+      --semantic_segmentation_folder="$DATA_DIR/$LABEL_SUBDIR"
+      --list_folder="$DATA_DIR/$LIST_SUBDIR" --image_format="$IMAGE_FORMAT")
+  fi
   split_words extra "${BUILD_EXTRA_FLAGS:-}"
   CLEANUP+=("$tmp")
   log "data changed: converting $DATA_DIR"
-  run deeplab-build-data \
-    --image_folder="$DATA_DIR/$IMAGE_SUBDIR" \
-    --semantic_segmentation_folder="$DATA_DIR/$LABEL_SUBDIR" \
-    --list_folder="$DATA_DIR/$LIST_SUBDIR" --image_format="$IMAGE_FORMAT" \
+  run deeplab-build-data "${input[@]}" \
     --output_dir="$tmp" --num_shards="$NUM_SHARDS" \
     --dataset_name="$DATASET_NAME" --num_classes="$NUM_CLASSES" \
     --ignore_label="$IGNORE_LABEL" \
@@ -392,7 +410,7 @@ main() {
 
   find_checkpoints
   ask plan --state_dir="$STATE_DIR" --data_dir="$DATA_DIR" \
-    --image_subdir="$IMAGE_SUBDIR" --label_subdir="$LABEL_SUBDIR" \
+    --data_layout="$DATA_LAYOUT" --image_subdir="$IMAGE_SUBDIR" --label_subdir="$LABEL_SUBDIR" \
     --list_subdir="$LIST_SUBDIR" --train_split="$TRAIN_SPLIT" \
     --eval_split="$EVAL_SPLIT" --image_format="$IMAGE_FORMAT" \
     --dataset_name="$DATASET_NAME" --num_classes="$NUM_CLASSES" \

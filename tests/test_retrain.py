@@ -6,6 +6,7 @@ Over 400 lines on purpose: a short section per decision of the policy
 (plan, training outcome, candidate, verdict, results, housekeeping), mostly
 tables of cases.
 """
+import dataclasses
 import json
 import os
 import re
@@ -382,7 +383,8 @@ GOOD_SETTINGS = dict(DATA_DIR='d', WORK_DIR='w', NUM_CLASSES='21',
                      MAX_TOTAL_STEPS='1', MAX_RUN_SECONDS='14400',
                      KEEP_EXPORTS='5', KEEP_LOGS='30',
                      TRAIN_ONLY_ON_NEW_DATA='0', MIOU_MARGIN='.005',
-                     CANDIDATE='auto', TRAIN_EXTRA_FLAGS='')
+                     CANDIDATE='auto', TRAIN_EXTRA_FLAGS='',
+                     DATA_LAYOUT='voc')
 
 
 @pytest.mark.parametrize('name, value, message', [
@@ -401,7 +403,9 @@ GOOD_SETTINGS = dict(DATA_DIR='d', WORK_DIR='w', NUM_CLASSES='21',
     ('CANDIDATE', '', "--candidate (or CANDIDATE) must be auto, best or "
      "latest, got ''"),
     ('CANDIDATE', 'best', 'CANDIDATE=best needs validation during training, '
-     'which keeps best/: add --eval_interval_steps=N to TRAIN_EXTRA_FLAGS')])
+     'which keeps best/: add --eval_interval_steps=N to TRAIN_EXTRA_FLAGS'),
+    ('DATA_LAYOUT', 'ade20k', "DATA_LAYOUT must be voc or cityscapes, got "
+     "'ade20k'")])
 def test_bad_settings(name, value, message):
   assert settings.problem(GOOD_SETTINGS) is None
   assert settings.problem(dict(GOOD_SETTINGS, **{name: value})) == message
@@ -437,6 +441,27 @@ def test_data_folder_problems(tmp_path):
       '%s/SegmentationClass is missing (expected VOC layout: JPEGImages, '
       'SegmentationClass, ImageSets/Segmentation; see -h)' % root)
   assert 'is not a folder' in data_folder.problem(str(tmp_path / 'x'), layout)
+
+
+def test_cityscapes_data_folder_problems(tmp_path):
+  root = tmp_path / 'cityscapes'
+  for folder in ('leftImg8bit', 'gtFine'):
+    for split in ('train', 'val'):
+      (root / folder / split / 'aachen').mkdir(parents=True)
+  layout = data_folder.Layout('JPEGImages', 'SegmentationClass',
+                              'ImageSets/Segmentation', ('train', 'val'),
+                              kind='cityscapes')
+  assert data_folder.problem(str(root), layout) is None
+  (root / 'gtFine' / 'val' / 'aachen').rmdir()
+  (root / 'gtFine' / 'val').rmdir()
+  assert data_folder.problem(str(root), layout) == (
+      '%s/gtFine/val is missing (expected a Cityscapes root: leftImg8bit/ '
+      'and gtFine/, each with <split>/<city>/ folders for train and val; '
+      'see -h)' % root)
+  assert data_folder.problem(
+      str(root), dataclasses.replace(layout, splits=('train', 'test'))) == (
+          "DATA_LAYOUT=cityscapes converts the train and val splits: "
+          "TRAIN_SPLIT and EVAL_SPLIT must be one of them, got 'test'")
 
 
 def test_fingerprint_is_the_one_the_shell_computed(tmp_path):
@@ -562,7 +587,7 @@ def test_command_plans_a_round(tmp_path):
   logs.mkdir()
   for i in (1, 2, 3):
     (logs / ('cron-2024010%d.log' % i)).write_text('')
-  flags = ['--state_dir', tmp_path, '--data_dir', data,
+  flags = ['--state_dir', tmp_path, '--data_dir', data, '--data_layout=voc',
            '--image_subdir=JPEGImages', '--label_subdir=SegmentationClass',
            '--list_subdir=ImageSets/Segmentation', '--train_split=train',
            '--eval_split=val', '--image_format=jpg', '--dataset_name=d',
@@ -582,6 +607,19 @@ def test_command_plans_a_round(tmp_path):
       'log=removing old %s' % removed[1], 'remove=%s' % removed[1],
       'round.fingerprint=%s' % fingerprint, 'round.checkpoint_step=98',
       'build=1', 'train_steps=2']
+  # The same folder read as a Cityscapes root: its own check and settings.
+  proc = _ask('plan', *flags, '--data_layout=cityscapes')
+  assert proc.stdout.splitlines()[-1] == (
+      'message=%s/leftImg8bit/train is missing (expected a Cityscapes root: '
+      'leftImg8bit/ and gtFine/, each with <split>/<city>/ folders for train '
+      'and val; see -h)' % data)
+  for folder in ('leftImg8bit', 'gtFine'):
+    for split in ('train', 'val'):
+      (data / folder / split).mkdir(parents=True)
+  proc = _ask('plan', *flags, '--data_layout=cityscapes')
+  assert proc.returncode == 0, proc.stderr
+  assert 'round.fingerprint=%s' % data_folder.fingerprint(str(data), [
+      'layout', 'cityscapes', 'd', '21', '255', '4', '']) in proc.stdout
   # A data folder without its lists ends the round (after the log pruning).
   (data / 'ImageSets/Segmentation/val.txt').unlink()
   proc = _ask('plan', *flags)

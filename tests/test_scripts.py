@@ -15,6 +15,7 @@ import subprocess
 
 import pytest
 
+import cityscapes_tree
 import fake_voc
 
 SHELL_SCRIPTS = sorted(p.name for p in fake_voc.SCRIPTS.glob('*.sh'))
@@ -534,3 +535,41 @@ def test_cron_promotes_the_best_checkpoint(tmp_path):
   assert summary['status'] == 'failed'
   assert '--eval_interval_steps=N to TRAIN_EXTRA_FLAGS' in summary['message']
   assert cron.current_target().endswith('-step1')
+
+
+@pytest.mark.slow
+def test_cron_retrains_on_a_cityscapes_root(tmp_path):
+  """DATA_LAYOUT=cityscapes: the root is converted with --cityscapes_root
+  (train and val, as Cityscapes with its 19 classes by default), trained,
+  evaluated on val and promoted; unchanged, it is not converted again."""
+  data, work = tmp_path / 'cityscapes', tmp_path / 'work'
+  cityscapes_tree.write_reference_tree(str(data))
+
+  def run(**env):
+    proc = fake_voc.run_script(
+        'cron_retrain.sh', '--data_dir', data, '--work_dir', work,
+        env=fake_voc.script_env(DATA_LAYOUT='cityscapes', STEPS_PER_RUN=1,
+                                **env))
+    assert proc.stdout, fake_voc.describe(proc)
+    return proc, json.loads(proc.stdout.strip().splitlines()[-1])
+
+  proc, summary = run()
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  assert summary['status'] == 'promoted' and summary['global_step'] == 1
+  dataset = json.loads((work / 'tfrecord' / 'dataset.json').read_text())
+  assert (dataset['name'], dataset['num_classes']) == ('cityscapes', 19)
+  assert dataset['splits_to_sizes'] == {'train': 5, 'val': 2}
+  assert '--cityscapes_root=%s' % data in pathlib.Path(
+      summary['log']).read_text()
+  assert (work / 'exports' / 'current' / 'frozen_inference_graph.pb').is_file()
+
+  proc, summary = run(TRAIN_ONLY_ON_NEW_DATA=1)
+  assert proc.returncode == 10, fake_voc.describe(proc)
+  assert summary['status'] == 'nothing_to_do'
+
+  # A split folder gone: the round fails before converting anything.
+  shutil.rmtree(data / 'gtFine' / 'val')
+  proc, summary = run()
+  assert proc.returncode == 1, fake_voc.describe(proc)
+  assert summary['message'].startswith(
+      '%s is missing (expected a Cityscapes root' % (data / 'gtFine' / 'val'))

@@ -25,9 +25,10 @@ Questions (and the flags each needs, besides the facts):
   plan       removes old logs; checks the data folder; round.fingerprint,
              round.checkpoint_step, build=0|1 and train_steps=N, or the end
              (nothing to do, or a bad data folder). --state_dir --data_dir
-             --image_subdir --label_subdir --list_subdir --train_split
-             --eval_split --image_format --dataset_name --num_classes
-             --ignore_label --num_shards [--build_extra_flags] --records
+             --data_layout --image_subdir --label_subdir --list_subdir
+             --train_split --eval_split --image_format --dataset_name
+             --num_classes --ignore_label --num_shards [--build_extra_flags]
+             --records
              [--checkpoint] [--best_checkpoint] --candidate
              [--train_extra_flags] --steps_per_run --max_total_steps
              [--train_only_on_new_data] --log_folder --log_file --keep_logs
@@ -103,6 +104,8 @@ DATA_SETTINGS = ('data_dir', 'image_subdir', 'label_subdir', 'list_subdir',
                  'num_classes', 'ignore_label', 'num_shards')
 for _name in DATA_SETTINGS:
   flags.DEFINE_string(_name, None, _name.upper() + '.')
+flags.DEFINE_enum('data_layout', None, list(data_folder.LAYOUTS),
+                  'DATA_LAYOUT.')
 flags.DEFINE_string('build_extra_flags', '', 'BUILD_EXTRA_FLAGS.')
 # plan: records, budget, logs.
 flags.DEFINE_string('records', None, 'The TFRecords in use (the tfrecord '
@@ -179,15 +182,22 @@ def _data_layout():
   return data_folder.Layout(
       image_subdir=FLAGS.image_subdir, label_subdir=FLAGS.label_subdir,
       list_subdir=FLAGS.list_subdir,
-      splits=(FLAGS.train_split, FLAGS.eval_split))
+      splits=(FLAGS.train_split, FLAGS.eval_split),
+      kind=FLAGS.data_layout)
 
 
 def _fingerprint():
-  """The data folder's fingerprint, with the script's conversion settings."""
-  return data_folder.fingerprint(FLAGS.data_dir, (
-      FLAGS.image_subdir, FLAGS.label_subdir, FLAGS.list_subdir,
-      FLAGS.image_format, FLAGS.dataset_name, FLAGS.num_classes,
-      FLAGS.ignore_label, FLAGS.num_shards, FLAGS.build_extra_flags))
+  """The data folder's fingerprint, with the script's conversion settings
+  (those of the VOC layout as they always were, so that its fingerprints
+  stay the same)."""
+  if FLAGS.data_layout == data_folder.VOC:
+    source = (FLAGS.image_subdir, FLAGS.label_subdir, FLAGS.list_subdir,
+              FLAGS.image_format)
+  else:
+    source = ('layout', FLAGS.data_layout)
+  return data_folder.fingerprint(FLAGS.data_dir, source + (
+      FLAGS.dataset_name, FLAGS.num_classes, FLAGS.ignore_label,
+      FLAGS.num_shards, FLAGS.build_extra_flags))
 
 
 def _choose_candidate():
@@ -350,7 +360,7 @@ def _summary(unused_answer, unused_args):
 # name -> (handler(answer, args), the flags it needs, whether it takes args)
 _QUESTIONS = {
     'check': (_check, (), True),
-    'plan': (_plan, ('state_dir',) + DATA_SETTINGS + (
+    'plan': (_plan, ('state_dir', 'data_layout') + DATA_SETTINGS + (
         'records', 'candidate', 'steps_per_run', 'max_total_steps',
         'log_folder', 'log_file', 'keep_logs'), False),
     'built': (_built, ('state_dir', 'fingerprint', 'records_dir',

@@ -17,6 +17,16 @@ import stat
 from deeplab_train.retrain import policy
 
 
+# DATA_LAYOUT: PASCAL VOC's folders, or a Cityscapes root (leftImg8bit/ and
+# gtFine/ by split and city, converted by deeplab-build-data
+# --cityscapes_root, which converts its train and val splits).
+VOC = 'voc'
+CITYSCAPES = 'cityscapes'
+LAYOUTS = (VOC, CITYSCAPES)
+CITYSCAPES_FOLDERS = ('leftImg8bit', 'gtFine')
+CITYSCAPES_SPLITS = ('train', 'val')
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """Where the images, labels and split lists are (the script's settings).
@@ -26,11 +36,13 @@ class Layout:
     label_subdir: LABEL_SUBDIR.
     list_subdir: LIST_SUBDIR.
     splits: the splits a round needs a list of (TRAIN_SPLIT, EVAL_SPLIT).
+    kind: DATA_LAYOUT, VOC or CITYSCAPES (which reads no subdirs or lists).
   """
   image_subdir: str
   label_subdir: str
   list_subdir: str
   splits: tuple
+  kind: str = VOC
 
 
 def problem(data_dir, layout):
@@ -45,6 +57,8 @@ def problem(data_dir, layout):
   """
   if not os.path.isdir(data_dir):
     return 'DATA_DIR=%s is not a folder' % data_dir
+  if layout.kind == CITYSCAPES:
+    return _cityscapes_problem(data_dir, layout.splits)
   subdirs = (layout.image_subdir, layout.label_subdir, layout.list_subdir)
   for sub in subdirs:
     if not os.path.isdir(os.path.join(data_dir, sub)):
@@ -54,6 +68,24 @@ def problem(data_dir, layout):
     path = os.path.join(data_dir, layout.list_subdir, split + '.txt')
     if not (os.path.isfile(path) and os.path.getsize(path) > 0):
       return '%s is missing or empty' % path
+  return None
+
+
+def _cityscapes_problem(data_dir, splits):
+  """problem() of a Cityscapes root."""
+  for split in splits:
+    if split not in CITYSCAPES_SPLITS:
+      return ("DATA_LAYOUT=cityscapes converts the train and val splits: "
+              "TRAIN_SPLIT and EVAL_SPLIT must be one of them, got '%s'"
+              % split)
+  for folder in CITYSCAPES_FOLDERS:
+    for split in CITYSCAPES_SPLITS:
+      path = os.path.join(data_dir, folder, split)
+      if not os.path.isdir(path):
+        return ('%s is missing (expected a Cityscapes root: %s, each with '
+                '<split>/<city>/ folders for %s; see -h)'
+                % (path, ' and '.join(f + '/' for f in CITYSCAPES_FOLDERS),
+                   ' and '.join(CITYSCAPES_SPLITS)))
   return None
 
 

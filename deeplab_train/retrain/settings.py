@@ -8,6 +8,7 @@ TRAIN_EXTRA_FLAGS for the choice of the round's candidate (CANDIDATE).
 """
 import re
 
+from deeplab_train.retrain import data_folder
 from deeplab_train.retrain import policy
 
 # (variable, option) of the settings without a default.
@@ -17,7 +18,8 @@ COUNTS = ('NUM_CLASSES', 'IGNORE_LABEL', 'NUM_SHARDS', 'STEPS_PER_RUN',
           'MAX_TOTAL_STEPS', 'MAX_RUN_SECONDS', 'KEEP_EXPORTS', 'KEEP_LOGS')
 # Every setting checked here: the script passes these.
 NAMES = tuple(name for name, _ in REQUIRED) + COUNTS + (
-    'TRAIN_ONLY_ON_NEW_DATA', 'MIOU_MARGIN', 'CANDIDATE', 'TRAIN_EXTRA_FLAGS')
+    'TRAIN_ONLY_ON_NEW_DATA', 'MIOU_MARGIN', 'CANDIDATE', 'TRAIN_EXTRA_FLAGS',
+    'DATA_LAYOUT')
 # deeplab-train's flag that turns on validation during training (and with
 # it the best checkpoint in <train_logdir>/best/).
 _VALIDATION_FLAG = re.compile('--?eval_interval_steps(=.*)?')
@@ -53,6 +55,10 @@ def problem(settings):
       return "%s must be a non-negative integer, got '%s'" % (name, value)
   if int(settings['MAX_TOTAL_STEPS']) < 1:
     return 'MAX_TOTAL_STEPS must be at least 1'
+  layout = settings.get('DATA_LAYOUT')
+  if layout not in data_folder.LAYOUTS:
+    return "DATA_LAYOUT must be %s, got '%s'" % (
+        ' or '.join(data_folder.LAYOUTS), layout or '')
   if settings.get('TRAIN_ONLY_ON_NEW_DATA') not in ('0', '1'):
     return 'TRAIN_ONLY_ON_NEW_DATA must be 0 or 1'
   margin = settings.get('MIOU_MARGIN', '')
