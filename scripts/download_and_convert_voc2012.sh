@@ -12,12 +12,14 @@ set -euo pipefail
 SCRIPT_NAME=$(basename "$0")
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# shellcheck source-path=SCRIPTDIR source=fetch.sh
+source "$(dirname "${BASH_SOURCE[0]}")/fetch.sh"
 
 readonly DEFAULT_URL="http://host.robots.ox.ac.uk/pascal/VOC/voc2012/VOCtrainval_11-May-2012.tar"
-readonly OFFICIAL_TARBALL="VOCtrainval_11-May-2012.tar"
+readonly OFFICIAL_ARCHIVE="VOCtrainval_11-May-2012.tar"
 # MD5 of the official VOCtrainval_11-May-2012.tar (as published by the
 # dataset loaders that verify it, e.g. torchvision's VOC dataset).
-readonly OFFICIAL_MD5="6cd6e144f989b92b3379bac3b3de84fd"
+readonly OFFICIAL_CHECKSUM="6cd6e144f989b92b3379bac3b3de84fd"
 
 usage() {
   cat <<EOF
@@ -34,10 +36,11 @@ SOURCE (default \$VOC_SOURCE, else the official URL):
 Options (each also settable by the environment variable in brackets):
   --work_dir DIR       where everything is written [WORK_DIR, ./pascal_voc_seg]
   --output_dir DIR     TFRecords + dataset.json [OUTPUT_DIR, \$WORK_DIR/tfrecord]
-  --checksum HEX       expected MD5 (32 hex digits) or SHA-256 (64) of the
-                       tarball [CHECKSUM]. The official tarball is checked
-                       against its known MD5 by default; any other tarball
-                       without --checksum is used unverified, with a warning.
+  --checksum HEX       expected MD5 (32 hex digits), SHA-1 (40) or SHA-256
+                       (64) of the tarball [CHECKSUM]. The official tarball
+                       is checked against its known MD5 by default; any other
+                       tarball without --checksum is used unverified, with a
+                       warning.
   --sbd_labels DIR     SBD labels as PNGs of class ids or palette indices
                        (e.g. SegmentationClassAug) [SBD_LABELS]; adds the
                        train_aug split (VOC labels win where both exist)
@@ -57,127 +60,7 @@ Example:
 EOF
 }
 
-# --- steps and markers ------------------------------------------------------
-
 readonly STEPS=(download verify extract lists tfrecord)
-
-marker_path() { printf '%s/.done/%s\n' "$WORK_DIR" "$1"; }
-
-# Succeeds when step $1 finished earlier with the same inputs (key $2).
-step_done() {
-  local marker
-  marker=$(marker_path "$1")
-  [[ -f $marker ]] && [[ $(cat "$marker") == "$(key_hash "$2")" ]]
-}
-
-# Records that step $1 finished with inputs $2; written last, atomically.
-mark_done() {
-  key_hash "$2" | write_atomic "$(marker_path "$1")"
-}
-
-# Forgets step $1 and every later step (they used its output).
-invalidate_from() {
-  local step found=0
-  for step in "${STEPS[@]}"; do
-    if [[ $step == "$1" ]]; then
-      found=1
-    fi
-    if ((found)); then
-      rm -f "$(marker_path "$step")"
-    fi
-  done
-}
-
-key_hash() { printf '%s' "$1" | sha256sum | cut -d ' ' -f 1; }
-
-# "path|size|mtime": changes when the file is replaced or modified.
-file_key() { stat -L -c '%n|%s|%Y' "$1"; }
-
-# Hash of a folder's file list with sizes and mtimes (content changes show).
-folder_key() {
-  (cd "$1" && find -L . -type f -printf '%P\t%s\t%T@\n' | LC_ALL=C sort | sha256sum | cut -d ' ' -f 1)
-}
-
-# --- source ----------------------------------------------------------------
-
-is_url() { [[ $1 =~ ^(https?|ftp|file):// ]]; }
-
-download() {
-  local url=$1 dest=$2
-  if command -v curl >/dev/null 2>&1; then
-    run curl -fL --retry 3 -C - -o "$dest.part" "$url" ||
-      die "downloading $url failed (curl exit status $?); re-run to resume, or download it yourself and pass the file"
-  elif command -v wget >/dev/null 2>&1; then
-    run wget -c -O "$dest.part" "$url" ||
-      die "downloading $url failed (wget exit status $?); re-run to resume, or download it yourself and pass the file"
-  else
-    die "neither curl nor wget is installed: download $url yourself and pass the file"
-  fi
-  mv -f "$dest.part" "$dest"
-}
-
-# Prints the expected checksum for tarball $1 (from --checksum, or the known
-# one for the official file), or nothing when it cannot be verified.
-expected_checksum() {
-  local name
-  if [[ -n $CHECKSUM ]]; then
-    printf '%s\n' "$CHECKSUM"
-    return
-  fi
-  name=$(basename "$1")
-  if [[ $name == "$OFFICIAL_TARBALL" ]]; then
-    printf '%s\n' "$OFFICIAL_MD5"
-  fi
-}
-
-checksum_of() {
-  case ${#2} in
-    32) md5sum "$1" | cut -d ' ' -f 1 ;;
-    64) sha256sum "$1" | cut -d ' ' -f 1 ;;
-    *) die "--checksum must be an MD5 (32 hex digits) or SHA-256 (64 hex digits), got '$2'" ;;
-  esac
-}
-
-fetch_tarball() {
-  local name
-  name=$(basename "${SOURCE%%\?*}")
-  TARBALL="$DOWNLOAD_DIR/$name"
-  mkdir -p "$DOWNLOAD_DIR"
-  if [[ -f $TARBALL ]] && step_done download "$SOURCE"; then
-    log "download: $TARBALL already downloaded, skipping"
-    return
-  fi
-  invalidate_from download
-  log "download: $SOURCE -> $TARBALL"
-  download "$SOURCE" "$TARBALL"
-  mark_done download "$SOURCE"
-}
-
-verify_tarball() {
-  local expected actual key
-  expected=$(expected_checksum "$TARBALL")
-  expected=${expected,,}
-  if [[ -z $expected ]]; then
-    log "WARNING: no checksum for $(basename "$TARBALL") (not the official $OFFICIAL_TARBALL): using it unverified; pass --checksum to verify it"
-    return
-  fi
-  key="$(file_key "$TARBALL")|$expected"
-  if step_done verify "$key"; then
-    log "verify: checksum of $TARBALL checked earlier, skipping"
-    return
-  fi
-  invalidate_from verify
-  log "verify: checking the checksum of $TARBALL"
-  actual=$(checksum_of "$TARBALL" "$expected")
-  if [[ $actual != "$expected" ]]; then
-    if [[ $SOURCE_KIND == url ]]; then
-      rm -f "$TARBALL"
-      die "checksum mismatch for the download of $SOURCE (expected $expected, got $actual); the file was removed, re-run to download it again"
-    fi
-    die "checksum mismatch for $TARBALL: expected $expected, got $actual (a truncated or different file?)"
-  fi
-  mark_done verify "$key"
-}
 
 # Prints the VOC2012-like folder (with JPEGImages/) inside folder $1.
 find_voc_root() {
@@ -196,7 +79,7 @@ find_voc_root() {
 
 extract_tarball() {
   local key tmp root
-  key="$(file_key "$TARBALL")"
+  key="$(file_key "$ARCHIVE")"
   VOC_ROOT="$WORK_DIR/VOCdevkit/VOC2012"
   if [[ -d $VOC_ROOT ]] && step_done extract "$key"; then
     log "extract: $VOC_ROOT extracted earlier, skipping"
@@ -206,10 +89,10 @@ extract_tarball() {
   tmp="$WORK_DIR/.extract.tmp"
   rm -rf "$tmp"
   mkdir -p "$tmp"
-  log "extract: $TARBALL -> $VOC_ROOT"
-  tar -xf "$TARBALL" -C "$tmp" || die "cannot extract $TARBALL (not a tar file, or truncated)"
+  log "extract: $ARCHIVE -> $VOC_ROOT"
+  tar -xf "$ARCHIVE" -C "$tmp" || die "cannot extract $ARCHIVE (not a tar file, or truncated)"
   root=$(find_voc_root "$tmp")
-  [[ -n $root ]] || die "$TARBALL holds no VOC folder (expected VOCdevkit/VOC2012/JPEGImages)"
+  [[ -n $root ]] || die "$ARCHIVE holds no VOC folder (expected VOCdevkit/VOC2012/JPEGImages)"
   mkdir -p "$WORK_DIR/VOCdevkit"
   rm -rf "$VOC_ROOT"
   mv "$root" "$VOC_ROOT"
@@ -371,12 +254,12 @@ main() {
 
   if is_url "$SOURCE"; then
     SOURCE_KIND=url
-    fetch_tarball
+    fetch_archive
   elif [[ -d $SOURCE ]]; then
     SOURCE_KIND=folder
   elif [[ -f $SOURCE ]]; then
-    SOURCE_KIND=tarball
-    TARBALL=$(realpath "$SOURCE")
+    SOURCE_KIND=archive
+    ARCHIVE=$(realpath "$SOURCE")
   else
     die "SOURCE '$SOURCE' is not a URL, a file or a folder (see -h)"
   fi
@@ -389,10 +272,10 @@ main() {
     SOURCE_KEY="folder|$VOC_ROOT|$(folder_key "$VOC_ROOT")"
     log "source: using the extracted folder $VOC_ROOT as it is"
   else
-    verify_tarball
+    verify_archive
     extract_tarball
     check_voc_root
-    SOURCE_KEY="tarball|$(file_key "$TARBALL")"
+    SOURCE_KEY="tarball|$(file_key "$ARCHIVE")"
   fi
   make_lists
   build_tfrecords

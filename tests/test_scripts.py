@@ -31,7 +31,7 @@ def test_shellcheck_clean():
   if shutil.which('shellcheck') is None:
     pytest.skip('shellcheck is not installed (apt-get install shellcheck)')
   scripts = [str(fake_voc.SCRIPTS / n)
-             for n in OWN_SCRIPTS + ('common.sh', 'voc_recipe.sh')]
+             for n in OWN_SCRIPTS + ('common.sh', 'fetch.sh', 'voc_recipe.sh')]
   proc = subprocess.run(['shellcheck', '-x'] + scripts, capture_output=True,
                         text=True, check=False)
   assert proc.returncode == 0, proc.stdout + proc.stderr
