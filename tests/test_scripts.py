@@ -7,19 +7,24 @@ Over 400 lines on purpose: the scripts share the fake VOC tarball, the stub
 commands and the tiny-model environment built at the top.
 """
 import fcntl
+import hashlib
 import json
 import os
 import pathlib
 import shutil
 import subprocess
+import zipfile
 
+import numpy as np
+from PIL import Image
 import pytest
 
 import cityscapes_tree
 import fake_voc
 
 SHELL_SCRIPTS = sorted(p.name for p in fake_voc.SCRIPTS.glob('*.sh'))
-OWN_SCRIPTS = ('download_and_convert_voc2012.sh', 'train_voc.sh',
+OWN_SCRIPTS = ('download_and_convert_voc2012.sh',
+               'download_and_convert_ade20k.sh', 'train_voc.sh',
                'eval_voc.sh', 'vis_voc.sh', 'export_voc.sh', 'demo.sh',
                'local_test.sh', 'cron_retrain.sh')
 
@@ -48,6 +53,7 @@ def test_scripts_are_strict_and_have_usage(name):
 
 
 @pytest.mark.parametrize('name', ['download_and_convert_voc2012.sh',
+                                  'download_and_convert_ade20k.sh',
                                   'cron_retrain.sh'])
 def test_unknown_option_is_refused(name, tmp_path):
   proc = fake_voc.run_script(name, '--no_such_option', '--work_dir', tmp_path)
@@ -324,6 +330,88 @@ def test_sbd_labels_add_train_aug(tmp_path):
   again = _convert(work, '--sbd_labels', sbd, root)
   assert again.returncode == 0, fake_voc.describe(again)
   assert 'tfrecord: ' in again.stderr and 'built earlier, skipping' in again.stderr
+
+
+# ---------------------------------------------------------------------------
+# download_and_convert_ade20k.sh
+# ---------------------------------------------------------------------------
+def _ade20k_root(root, sizes=(('training', 3), ('validation', 2))):
+  """A tiny ADEChallengeData2016 folder: JPEG images and label PNGs of
+  values 0 (other) to 150 under images/ and annotations/ per split."""
+  rng = np.random.default_rng(20261205)
+  for folder, count in sizes:
+    for sub in ('images', 'annotations'):
+      (root / sub / folder).mkdir(parents=True)
+    for i in range(count):
+      stem = 'ADE_%s_%08d' % ('train' if folder == 'training' else 'val',
+                              i + 1)
+      height, width = (int(v) for v in rng.integers(20, 40, size=2))
+      Image.fromarray(rng.integers(0, 256, (height, width, 3), np.uint8)
+                      ).save(root / 'images' / folder / (stem + '.jpg'))
+      Image.fromarray(rng.integers(0, 151, (height, width), np.uint8), 'L'
+                      ).save(root / 'annotations' / folder / (stem + '.png'))
+
+
+def _ade20k_zip(path):
+  """Zips a tiny ADEChallengeData2016 folder into `path`; returns its
+  SHA-1."""
+  staging = path.parent / (path.name + '.staging')
+  _ade20k_root(staging / 'ADEChallengeData2016')
+  with zipfile.ZipFile(path, 'w') as archive:
+    for file in sorted(staging.rglob('*')):
+      archive.write(file, file.relative_to(staging))
+  shutil.rmtree(staging)
+  return hashlib.sha1(path.read_bytes()).hexdigest()
+
+
+def _convert_ade20k(work, *args):
+  return fake_voc.run_script('download_and_convert_ade20k.sh', '--work_dir',
+                             work, '--num_shards', '1', *args)
+
+
+def test_ade20k_zip_converts_to_train_and_val(tmp_path):
+  archive = tmp_path / 'ade.zip'
+  sha1 = _ade20k_zip(archive)
+  work = tmp_path / 'work'
+  proc = _convert_ade20k(work, '--checksum', sha1.upper(), archive)
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  info = _dataset_json(work / 'tfrecord')
+  assert (info['name'], info['num_classes'], info['ignore_label']) == (
+      'ade20k', 151, 0)
+  assert info['splits_to_sizes'] == {'train': 3, 'val': 2}
+  assert sorted(p.name for p in (work / 'tfrecord').glob('*.tfrecord')) == [
+      'train-00000-of-00001.tfrecord', 'val-00000-of-00001.tfrecord']
+  assert (work / 'ADEChallengeData2016' / 'images' / 'training').is_dir()
+  # Re-run: every step skipped.
+  again = _convert_ade20k(work, '--checksum', sha1, archive)
+  assert again.returncode == 0, fake_voc.describe(again)
+  assert 'extracted earlier, skipping' in again.stderr
+  assert 'built earlier, skipping' in again.stderr
+
+
+def test_ade20k_official_zip_name_is_checked_by_default(tmp_path):
+  """A file named like the official zip is checked against its known
+  SHA-1: this one is not it, so nothing is extracted."""
+  archive = tmp_path / 'ADEChallengeData2016.zip'
+  _ade20k_zip(archive)
+  work = tmp_path / 'work'
+  proc = _convert_ade20k(work, archive)
+  assert proc.returncode == 1
+  assert ('checksum mismatch for %s: expected '
+          '219e1696abb36c8ba3a3afe7fb2f4b4606a897c7' % archive) in proc.stderr
+  assert not (work / 'ADEChallengeData2016').exists()
+  assert not (work / 'tfrecord').exists()
+
+
+def test_ade20k_folder_without_validation_labels_is_refused(tmp_path):
+  root = tmp_path / 'ADEChallengeData2016'
+  _ade20k_root(root, (('training', 2), ('validation', 0)))
+  (root / 'annotations' / 'validation').rmdir()
+  work = tmp_path / 'work'
+  proc = _convert_ade20k(work, tmp_path)
+  assert proc.returncode == 1
+  assert ('%s/annotations/validation is missing' % root) in proc.stderr
+  assert not (work / 'tfrecord').exists()
 
 
 @pytest.mark.slow
