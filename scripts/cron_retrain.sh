@@ -410,9 +410,10 @@ main() {
 
   find_checkpoints
   ask plan --state_dir="$STATE_DIR" --data_dir="$DATA_DIR" \
-    --data_layout="$DATA_LAYOUT" --image_subdir="$IMAGE_SUBDIR" --label_subdir="$LABEL_SUBDIR" \
-    --list_subdir="$LIST_SUBDIR" --train_split="$TRAIN_SPLIT" \
-    --eval_split="$EVAL_SPLIT" --image_format="$IMAGE_FORMAT" \
+    --data_layout="$DATA_LAYOUT" --image_subdir="$IMAGE_SUBDIR" \
+    --label_subdir="$LABEL_SUBDIR" --list_subdir="$LIST_SUBDIR" \
+    --train_split="$TRAIN_SPLIT" --eval_split="$EVAL_SPLIT" \
+    --image_format="$IMAGE_FORMAT" \
     --dataset_name="$DATASET_NAME" --num_classes="$NUM_CLASSES" \
     --ignore_label="$IGNORE_LABEL" --num_shards="$NUM_SHARDS" \
     --build_extra_flags="${BUILD_EXTRA_FLAGS:-}" --records="$TFRECORD_LINK" \

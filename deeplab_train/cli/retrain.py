@@ -28,8 +28,7 @@ Questions (and the flags each needs, besides the facts):
              --data_layout --image_subdir --label_subdir --list_subdir
              --train_split --eval_split --image_format --dataset_name
              --num_classes --ignore_label --num_shards [--build_extra_flags]
-             --records
-             [--checkpoint] [--best_checkpoint] --candidate
+             --records [--checkpoint] [--best_checkpoint] --candidate
              [--train_extra_flags] --steps_per_run --max_total_steps
              [--train_only_on_new_data] --log_folder --log_file --keep_logs
   built      stores --fingerprint as the data the TFRecords in use were

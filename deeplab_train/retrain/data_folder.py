@@ -36,7 +36,8 @@ class Layout:
     label_subdir: LABEL_SUBDIR.
     list_subdir: LIST_SUBDIR.
     splits: the splits a round needs a list of (TRAIN_SPLIT, EVAL_SPLIT).
-    kind: DATA_LAYOUT, VOC or CITYSCAPES (which reads no subdirs or lists).
+    kind: DATA_LAYOUT, VOC or CITYSCAPES (a Cityscapes root has no
+      subdirs or lists to set: only `splits` applies).
   """
   image_subdir: str
   label_subdir: str
