@@ -79,27 +79,7 @@ find_ade_root() {
   fi
 }
 
-extract_archive() {
-  local key tmp root
-  key="$(file_key "$ARCHIVE")"
-  ADE_ROOT="$WORK_DIR/ADEChallengeData2016"
-  if [[ -d $ADE_ROOT ]] && step_done extract "$key"; then
-    log "extract: $ADE_ROOT extracted earlier, skipping"
-    return
-  fi
-  invalidate_from extract
-  tmp="$WORK_DIR/.extract.tmp"
-  rm -rf "$tmp"
-  mkdir -p "$tmp"
-  log "extract: $ARCHIVE -> $ADE_ROOT"
-  "$PYTHON" -m zipfile -e "$ARCHIVE" "$tmp" || die "cannot extract $ARCHIVE (not a zip file, or truncated)"
-  root=$(find_ade_root "$tmp")
-  [[ -n $root ]] || die "$ARCHIVE holds no ADE20K folder (expected ADEChallengeData2016/images/training)"
-  rm -rf "$ADE_ROOT"
-  mv "$root" "$ADE_ROOT"
-  rm -rf "$tmp"
-  mark_done extract "$key"
-}
+unzip_with_python() { "$PYTHON" -m zipfile -e "$1" "$2"; }
 
 check_ade_root() {
   local pair folder sub
@@ -114,17 +94,10 @@ check_ade_root() {
 # Converts each split into a temp folder, renamed to $OUTPUT_DIR when all
 # are done (a failed split leaves the earlier records in place).
 build_tfrecords() {
-  local key tmp extra pair split folder
+  local key extra pair split folder
   split_words extra "$BUILD_EXTRA_FLAGS"
   key="$SOURCE_KEY|shards=$NUM_SHARDS|out=$OUTPUT_DIR|${extra[*]}"
-  if [[ -f "$OUTPUT_DIR/dataset.json" ]] && step_done tfrecord "$key"; then
-    log "tfrecord: $OUTPUT_DIR built earlier, skipping"
-    return
-  fi
-  invalidate_from tfrecord
-  tmp="$(dirname "$OUTPUT_DIR")/.$(basename "$OUTPUT_DIR").tmp"
-  rm -rf "$tmp"
-  mkdir -p "$tmp"
+  start_records "$key" || return 0
   for pair in "${SPLITS[@]}"; do
     split=${pair%%:*}
     folder=${pair#*:}
@@ -133,15 +106,12 @@ build_tfrecords() {
       --image_folder="$ADE_ROOT/images/$folder" \
       --masks_folder="$ADE_ROOT/annotations/$folder" \
       --split_name="$split" \
-      --output_dir="$tmp" \
+      --output_dir="$RECORDS_TMP" \
       --num_shards="$NUM_SHARDS" \
       --dataset_name=ade20k --num_classes=151 --ignore_label=0 \
       ${extra[@]+"${extra[@]}"} || die "deeplab-build-data failed on the $folder folder (see above); nothing was replaced"
   done
-  [[ -f "$tmp/dataset.json" ]] || die "deeplab-build-data wrote no dataset.json in $tmp"
-  rm -rf "$OUTPUT_DIR"
-  mv "$tmp" "$OUTPUT_DIR"
-  mark_done tfrecord "$key"
+  finish_records "$key"
 }
 
 # --- main ----------------------------------------------------------------------
@@ -151,18 +121,6 @@ build_tfrecords() {
 declare -A OPTIONS=([--work_dir]=WORK_DIR [--output_dir]=OUTPUT_DIR
   [--checksum]=CHECKSUM [--num_shards]=NUM_SHARDS)
 
-parse_args() {
-  local arg positional=0
-  SOURCE=${ADE20K_SOURCE:-}
-  parse_options OPTIONS "$@"
-  for arg in ${POSITIONAL[@]+"${POSITIONAL[@]}"}; do
-    [[ $arg != -* ]] || die "unknown option '$arg' (see -h)"
-    ((!positional)) || die "only one SOURCE may be given (got '$SOURCE' and '$arg')"
-    SOURCE=$arg
-    positional=1
-  done
-}
-
 main() {
   WORK_DIR=${WORK_DIR:-./ADE20K}
   OUTPUT_DIR=${OUTPUT_DIR:-}
@@ -170,30 +128,14 @@ main() {
   NUM_SHARDS=${NUM_SHARDS:-4}
   BUILD_EXTRA_FLAGS=${BUILD_EXTRA_FLAGS:-}
   PYTHON=${PYTHON:-python3}
-  parse_args "$@"
+  parse_source_args ADE20K_SOURCE "$@"
   SOURCE=${SOURCE:-$DEFAULT_URL}
   OUTPUT_DIR=${OUTPUT_DIR:-$WORK_DIR/tfrecord}
   require_int NUM_SHARDS "$NUM_SHARDS"
   need_cmd deeplab-build-data "$PYTHON" sha1sum sha256sum md5sum flock
 
-  mkdir -p "$WORK_DIR/.done"
-  WORK_DIR=$(realpath "$WORK_DIR")
-  OUTPUT_DIR=$(realpath -m "$OUTPUT_DIR")
-  DOWNLOAD_DIR=$(realpath -m "${DOWNLOAD_DIR:-$WORK_DIR}")
-  exec 9>>"$WORK_DIR/.lock"
-  flock -n 9 || die "another $SCRIPT_NAME is working in $WORK_DIR (lock $WORK_DIR/.lock)"
-
-  if is_url "$SOURCE"; then
-    SOURCE_KIND=url
-    fetch_archive
-  elif [[ -d $SOURCE ]]; then
-    SOURCE_KIND=folder
-  elif [[ -f $SOURCE ]]; then
-    SOURCE_KIND=archive
-    ARCHIVE=$(realpath "$SOURCE")
-  else
-    die "SOURCE '$SOURCE' is not a URL, a file or a folder (see -h)"
-  fi
+  open_work_dir
+  resolve_source
 
   if [[ $SOURCE_KIND == folder ]]; then
     ADE_ROOT=$(find_ade_root "$SOURCE")
@@ -204,7 +146,9 @@ main() {
     log "source: using the extracted folder $ADE_ROOT as it is"
   else
     verify_archive
-    extract_archive
+    ADE_ROOT="$WORK_DIR/ADEChallengeData2016"
+    extract_archive "$ADE_ROOT" unzip_with_python find_ade_root zip \
+      'ADE20K folder (expected ADEChallengeData2016/images/training)'
     check_ade_root
     SOURCE_KEY="archive|$(file_key "$ARCHIVE")"
   fi

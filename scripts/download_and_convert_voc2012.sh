@@ -77,28 +77,7 @@ find_voc_root() {
   fi
 }
 
-extract_tarball() {
-  local key tmp root
-  key="$(file_key "$ARCHIVE")"
-  VOC_ROOT="$WORK_DIR/VOCdevkit/VOC2012"
-  if [[ -d $VOC_ROOT ]] && step_done extract "$key"; then
-    log "extract: $VOC_ROOT extracted earlier, skipping"
-    return
-  fi
-  invalidate_from extract
-  tmp="$WORK_DIR/.extract.tmp"
-  rm -rf "$tmp"
-  mkdir -p "$tmp"
-  log "extract: $ARCHIVE -> $VOC_ROOT"
-  tar -xf "$ARCHIVE" -C "$tmp" || die "cannot extract $ARCHIVE (not a tar file, or truncated)"
-  root=$(find_voc_root "$tmp")
-  [[ -n $root ]] || die "$ARCHIVE holds no VOC folder (expected VOCdevkit/VOC2012/JPEGImages)"
-  mkdir -p "$WORK_DIR/VOCdevkit"
-  rm -rf "$VOC_ROOT"
-  mv "$root" "$VOC_ROOT"
-  rm -rf "$tmp"
-  mark_done extract "$key"
-}
+untar() { tar -xf "$1" -C "$2"; }
 
 check_voc_root() {
   local sub
@@ -173,31 +152,21 @@ make_lists() {
 # --- TFRecords ---------------------------------------------------------------
 
 build_tfrecords() {
-  local key tmp extra
+  local key extra
   split_words extra "$BUILD_EXTRA_FLAGS"
   key="$SOURCE_KEY|sbd=$SBD_KEY|shards=$NUM_SHARDS|out=$OUTPUT_DIR|${extra[*]}"
-  if [[ -f "$OUTPUT_DIR/dataset.json" ]] && step_done tfrecord "$key"; then
-    log "tfrecord: $OUTPUT_DIR built earlier, skipping"
-    return
-  fi
-  invalidate_from tfrecord
-  tmp="$(dirname "$OUTPUT_DIR")/.$(basename "$OUTPUT_DIR").tmp"
-  rm -rf "$tmp"
-  mkdir -p "$tmp"
+  start_records "$key" || return 0
   log "tfrecord: converting $VOC_ROOT into $OUTPUT_DIR"
   run deeplab-build-data \
     --image_folder="$VOC_ROOT/JPEGImages" \
     --semantic_segmentation_folder="$LABEL_DIR" \
     --list_folder="$LIST_DIR" \
     --image_format=jpg \
-    --output_dir="$tmp" \
+    --output_dir="$RECORDS_TMP" \
     --num_shards="$NUM_SHARDS" \
     --dataset_name=pascal_voc_seg \
     ${extra[@]+"${extra[@]}"} || die "deeplab-build-data failed (see above); nothing was replaced"
-  [[ -f "$tmp/dataset.json" ]] || die "deeplab-build-data wrote no dataset.json in $tmp"
-  rm -rf "$OUTPUT_DIR"
-  mv "$tmp" "$OUTPUT_DIR"
-  mark_done tfrecord "$key"
+  finish_records "$key"
 }
 
 # --- main ----------------------------------------------------------------------
@@ -208,18 +177,6 @@ declare -A OPTIONS=([--work_dir]=WORK_DIR [--output_dir]=OUTPUT_DIR
   [--checksum]=CHECKSUM [--sbd_labels]=SBD_LABELS
   [--train_aug_list]=TRAIN_AUG_LIST [--num_shards]=NUM_SHARDS)
 
-parse_args() {
-  local arg positional=0
-  SOURCE=${VOC_SOURCE:-}
-  parse_options OPTIONS "$@"
-  for arg in ${POSITIONAL[@]+"${POSITIONAL[@]}"}; do
-    [[ $arg != -* ]] || die "unknown option '$arg' (see -h)"
-    ((!positional)) || die "only one SOURCE may be given (got '$SOURCE' and '$arg')"
-    SOURCE=$arg
-    positional=1
-  done
-}
-
 main() {
   WORK_DIR=${WORK_DIR:-./pascal_voc_seg}
   OUTPUT_DIR=${OUTPUT_DIR:-}
@@ -228,7 +185,7 @@ main() {
   TRAIN_AUG_LIST=${TRAIN_AUG_LIST:-}
   NUM_SHARDS=${NUM_SHARDS:-4}
   BUILD_EXTRA_FLAGS=${BUILD_EXTRA_FLAGS:-}
-  parse_args "$@"
+  parse_source_args VOC_SOURCE "$@"
   SOURCE=${SOURCE:-$DEFAULT_URL}
   OUTPUT_DIR=${OUTPUT_DIR:-$WORK_DIR/tfrecord}
   require_int NUM_SHARDS "$NUM_SHARDS"
@@ -245,24 +202,8 @@ main() {
   fi
   need_cmd deeplab-build-data tar sha256sum md5sum flock
 
-  mkdir -p "$WORK_DIR/.done"
-  WORK_DIR=$(realpath "$WORK_DIR")
-  OUTPUT_DIR=$(realpath -m "$OUTPUT_DIR")
-  DOWNLOAD_DIR=$(realpath -m "${DOWNLOAD_DIR:-$WORK_DIR}")
-  exec 9>>"$WORK_DIR/.lock"
-  flock -n 9 || die "another $SCRIPT_NAME is working in $WORK_DIR (lock $WORK_DIR/.lock)"
-
-  if is_url "$SOURCE"; then
-    SOURCE_KIND=url
-    fetch_archive
-  elif [[ -d $SOURCE ]]; then
-    SOURCE_KIND=folder
-  elif [[ -f $SOURCE ]]; then
-    SOURCE_KIND=archive
-    ARCHIVE=$(realpath "$SOURCE")
-  else
-    die "SOURCE '$SOURCE' is not a URL, a file or a folder (see -h)"
-  fi
+  open_work_dir
+  resolve_source
 
   if [[ $SOURCE_KIND == folder ]]; then
     VOC_ROOT=$(find_voc_root "$SOURCE")
@@ -273,7 +214,9 @@ main() {
     log "source: using the extracted folder $VOC_ROOT as it is"
   else
     verify_archive
-    extract_tarball
+    VOC_ROOT="$WORK_DIR/VOCdevkit/VOC2012"
+    extract_archive "$VOC_ROOT" untar find_voc_root tar \
+      'VOC folder (expected VOCdevkit/VOC2012/JPEGImages)'
     check_voc_root
     SOURCE_KEY="tarball|$(file_key "$ARCHIVE")"
   fi

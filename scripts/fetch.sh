@@ -1,11 +1,14 @@
 # shellcheck shell=bash
-# Helpers sourced by the dataset download scripts (after common.sh): step
-# markers, download, checksum verification. Not meant to be run on its own.
+# Helpers sourced by the dataset download scripts (after common.sh): options
+# and SOURCE, the work folder and its lock, step markers, download, checksum
+# verification, extraction, and the TFRecords folder replaced whole. Not
+# meant to be run on its own.
 #
-# The sourcing script sets STEPS (its step names, in order), WORK_DIR,
-# SOURCE, SOURCE_KIND (url / archive / folder), DOWNLOAD_DIR, CHECKSUM, and
+# The sourcing script sets STEPS (its step names, in order), OPTIONS (its
+# options, for parse_source_args), WORK_DIR, OUTPUT_DIR, CHECKSUM, and
 # OFFICIAL_ARCHIVE with OFFICIAL_CHECKSUM (the known checksum of the
-# dataset's own archive). fetch_archive sets ARCHIVE.
+# dataset's own archive); parse_source_args sets SOURCE, open_work_dir
+# resolves the folders, resolve_source sets SOURCE_KIND and ARCHIVE.
 
 # --- steps and markers ---------------------------------------------------------
 
@@ -49,7 +52,50 @@ folder_key() {
   (cd "$1" && find -L . -type f -printf '%P\t%s\t%T@\n' | LC_ALL=C sort | sha256sum | cut -d ' ' -f 1)
 }
 
-# --- source ----------------------------------------------------------------
+# --- options, work folder, source ----------------------------------------------
+
+# Parses the options of OPTIONS and at most one SOURCE argument (default: the
+# environment variable named $1).
+parse_source_args() {
+  local env_name=$1 arg given=0
+  shift
+  SOURCE=${!env_name:-}
+  parse_options OPTIONS "$@"
+  for arg in ${POSITIONAL[@]+"${POSITIONAL[@]}"}; do
+    [[ $arg != -* ]] || die "unknown option '$arg' (see -h)"
+    ((!given)) || die "only one SOURCE may be given (got '$SOURCE' and '$arg')"
+    SOURCE=$arg
+    given=1
+  done
+}
+
+# Creates $WORK_DIR/.done, makes WORK_DIR, OUTPUT_DIR and DOWNLOAD_DIR
+# absolute and takes $WORK_DIR/.lock for the rest of the run (exits when
+# another run holds it).
+open_work_dir() {
+  mkdir -p "$WORK_DIR/.done"
+  WORK_DIR=$(realpath "$WORK_DIR")
+  OUTPUT_DIR=$(realpath -m "$OUTPUT_DIR")
+  DOWNLOAD_DIR=$(realpath -m "${DOWNLOAD_DIR:-$WORK_DIR}")
+  exec 9>>"$WORK_DIR/.lock"
+  flock -n 9 || die "another $SCRIPT_NAME is working in $WORK_DIR (lock $WORK_DIR/.lock)"
+}
+
+# Sets SOURCE_KIND to url, folder or archive; for a URL (downloaded now) or
+# an archive, ARCHIVE to the file.
+resolve_source() {
+  if is_url "$SOURCE"; then
+    SOURCE_KIND=url
+    fetch_archive
+  elif [[ -d $SOURCE ]]; then
+    SOURCE_KIND=folder
+  elif [[ -f $SOURCE ]]; then
+    SOURCE_KIND=archive
+    ARCHIVE=$(realpath "$SOURCE")
+  else
+    die "SOURCE '$SOURCE' is not a URL, a file or a folder (see -h)"
+  fi
+}
 
 is_url() { [[ $1 =~ ^(https?|ftp|file):// ]]; }
 
@@ -130,4 +176,55 @@ verify_archive() {
     die "checksum mismatch for $ARCHIVE: expected $expected, got $actual (a truncated or different file?)"
   fi
   mark_done verify "$key"
+}
+
+# Unpacks $ARCHIVE into a temp folder with `$2 ARCHIVE FOLDER`, and moves the
+# dataset folder `$3 FOLDER` prints to $1 (skipped when done before with the
+# same archive). $4 names the archive's format, $5 the folder it must hold,
+# for the messages.
+extract_archive() {
+  local dest=$1 unpack=$2 find_root=$3 format=$4 expected=$5 key tmp root
+  key="$(file_key "$ARCHIVE")"
+  if [[ -d $dest ]] && step_done extract "$key"; then
+    log "extract: $dest extracted earlier, skipping"
+    return
+  fi
+  invalidate_from extract
+  tmp="$WORK_DIR/.extract.tmp"
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
+  log "extract: $ARCHIVE -> $dest"
+  "$unpack" "$ARCHIVE" "$tmp" || die "cannot extract $ARCHIVE (not a $format file, or truncated)"
+  root=$("$find_root" "$tmp")
+  [[ -n $root ]] || die "$ARCHIVE holds no $expected"
+  mkdir -p "$(dirname "$dest")"
+  rm -rf "$dest"
+  mv "$root" "$dest"
+  rm -rf "$tmp"
+  mark_done extract "$key"
+}
+
+# --- TFRecords -----------------------------------------------------------------
+
+# Starts the tfrecord step with inputs $1: fails (after a log line) when
+# $OUTPUT_DIR was built from them before; else forgets the step and sets
+# RECORDS_TMP to an empty temp folder beside $OUTPUT_DIR for the new records.
+start_records() {
+  if [[ -f "$OUTPUT_DIR/dataset.json" ]] && step_done tfrecord "$1"; then
+    log "tfrecord: $OUTPUT_DIR built earlier, skipping"
+    return 1
+  fi
+  invalidate_from tfrecord
+  RECORDS_TMP="$(dirname "$OUTPUT_DIR")/.$(basename "$OUTPUT_DIR").tmp"
+  rm -rf "$RECORDS_TMP"
+  mkdir -p "$RECORDS_TMP" || die "cannot create $RECORDS_TMP"
+}
+
+# Replaces $OUTPUT_DIR by the finished RECORDS_TMP and marks the tfrecord
+# step done with inputs $1.
+finish_records() {
+  [[ -f "$RECORDS_TMP/dataset.json" ]] || die "deeplab-build-data wrote no dataset.json in $RECORDS_TMP"
+  rm -rf "$OUTPUT_DIR"
+  mv "$RECORDS_TMP" "$OUTPUT_DIR"
+  mark_done tfrecord "$1"
 }
