@@ -79,7 +79,18 @@ find_ade_root() {
   fi
 }
 
-unzip_with_python() { "$PYTHON" -m zipfile -e "$1" "$2"; }
+# Unzips $1 into folder $2 (one line on stderr for a bad zip).
+unzip_with_python() {
+  "$PYTHON" - "$1" "$2" <<'PY'
+import sys
+import zipfile
+try:
+  with zipfile.ZipFile(sys.argv[1]) as archive:
+    archive.extractall(sys.argv[2])
+except (OSError, zipfile.BadZipFile) as e:
+  sys.exit('%s: %s' % (sys.argv[1], e))
+PY
+}
 
 check_ade_root() {
   local pair folder sub

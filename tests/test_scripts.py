@@ -403,6 +403,18 @@ def test_ade20k_official_zip_name_is_checked_by_default(tmp_path):
   assert not (work / 'tfrecord').exists()
 
 
+def test_ade20k_file_that_is_not_a_zip_is_refused(tmp_path):
+  archive = tmp_path / 'ade.zip'
+  archive.write_bytes(b'not a zip')
+  work = tmp_path / 'work'
+  proc = _convert_ade20k(work, archive)
+  assert proc.returncode == 1
+  assert 'File is not a zip file' in proc.stderr
+  assert 'ERROR: cannot extract %s (not a zip file' % archive in proc.stderr
+  assert 'Traceback' not in proc.stderr
+  assert not (work / 'ADEChallengeData2016').exists()
+
+
 def test_ade20k_folder_without_validation_labels_is_refused(tmp_path):
   root = tmp_path / 'ADEChallengeData2016'
   _ade20k_root(root, (('training', 2), ('validation', 0)))
