@@ -484,16 +484,21 @@ def test_voc_pipeline_end_to_end(tmp_path):
 class Cron:
   """Runs cron_retrain.sh on one data folder and work folder."""
 
-  def __init__(self, tmp_path):
+  def __init__(self, tmp_path, cityscapes=False):
     self.data = tmp_path / 'data'
     self.work = tmp_path / 'work'
-    fake_voc.make_voc_root(self.data, num_train=6, num_val=3)
+    self.settings = dict(STEPS_PER_RUN=1, KEEP_EXPORTS=1)
+    if cityscapes:
+      # The tiny Cityscapes tree, with the script's Cityscapes defaults.
+      cityscapes_tree.write_reference_tree(str(self.data))
+      self.settings.update(DATA_LAYOUT='cityscapes')
+    else:
+      fake_voc.make_voc_root(self.data, num_train=6, num_val=3)
+      self.settings.update(DATASET_NAME='shapes', NUM_CLASSES=5)
     self.current = self.work / 'exports' / 'current'
 
   def run(self, **env):
-    settings = dict(STEPS_PER_RUN=1, KEEP_EXPORTS=1, DATASET_NAME='shapes',
-                    NUM_CLASSES=5)
-    settings.update(env)
+    settings = dict(self.settings, **env)
     proc = fake_voc.run_script(
         'cron_retrain.sh', '--data_dir', self.data, '--work_dir', self.work,
         env=fake_voc.script_env(**settings))
@@ -642,34 +647,24 @@ def test_cron_retrains_on_a_cityscapes_root(tmp_path):
   """DATA_LAYOUT=cityscapes: the root is converted with --cityscapes_root
   (train and val, as Cityscapes with its 19 classes by default), trained,
   evaluated on val and promoted; unchanged, it is not converted again."""
-  data, work = tmp_path / 'cityscapes', tmp_path / 'work'
-  cityscapes_tree.write_reference_tree(str(data))
-
-  def run(**env):
-    proc = fake_voc.run_script(
-        'cron_retrain.sh', '--data_dir', data, '--work_dir', work,
-        env=fake_voc.script_env(DATA_LAYOUT='cityscapes', STEPS_PER_RUN=1,
-                                **env))
-    assert proc.stdout, fake_voc.describe(proc)
-    return proc, json.loads(proc.stdout.strip().splitlines()[-1])
-
-  proc, summary = run()
+  cron = Cron(tmp_path, cityscapes=True)
+  proc, summary = cron.run()
   assert proc.returncode == 0, fake_voc.describe(proc)
   assert summary['status'] == 'promoted' and summary['global_step'] == 1
-  dataset = json.loads((work / 'tfrecord' / 'dataset.json').read_text())
+  dataset = json.loads((cron.work / 'tfrecord' / 'dataset.json').read_text())
   assert (dataset['name'], dataset['num_classes']) == ('cityscapes', 19)
   assert dataset['splits_to_sizes'] == {'train': 5, 'val': 2}
-  assert '--cityscapes_root=%s' % data in pathlib.Path(
-      summary['log']).read_text()
-  assert (work / 'exports' / 'current' / 'frozen_inference_graph.pb').is_file()
+  assert '--cityscapes_root=%s' % cron.data in cron.log_of(summary)
+  assert (cron.current / 'frozen_inference_graph.pb').is_file()
 
-  proc, summary = run(TRAIN_ONLY_ON_NEW_DATA=1)
+  proc, summary = cron.run(TRAIN_ONLY_ON_NEW_DATA=1)
   assert proc.returncode == 10, fake_voc.describe(proc)
   assert summary['status'] == 'nothing_to_do'
 
   # A split folder gone: the round fails before converting anything.
-  shutil.rmtree(data / 'gtFine' / 'val')
-  proc, summary = run()
+  missing = cron.data / 'gtFine' / 'val'
+  shutil.rmtree(missing)
+  proc, summary = cron.run()
   assert proc.returncode == 1, fake_voc.describe(proc)
   assert summary['message'].startswith(
-      '%s is missing (expected a Cityscapes root' % (data / 'gtFine' / 'val'))
+      '%s is missing (expected a Cityscapes root' % missing)

@@ -30,6 +30,9 @@ IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 _log = logging.getLogger(__name__)
 
 
+# A Cityscapes root's folders of images and of labels, by split and city.
+CITYSCAPES_IMAGE_FOLDER = 'leftImg8bit'
+CITYSCAPES_LABEL_FOLDER = 'gtFine'
 CITYSCAPES_IMAGE_SUFFIX = '_leftImg8bit.png'
 CITYSCAPES_TRAIN_ID_SUFFIX = '_gtFine_labelTrainIds.png'
 CITYSCAPES_LABEL_ID_SUFFIX = '_gtFine_labelIds.png'
@@ -198,7 +201,7 @@ def cityscapes_splits(root, split_name=None):
     ConfigError: no such root or leftImg8bit folder, or no such split.
   """
   require_dir(root, '{build_cityscapes.root}')
-  images = os.path.join(root, 'leftImg8bit')
+  images = os.path.join(root, CITYSCAPES_IMAGE_FOLDER)
   if not os.path.isdir(images):
     raise ConfigError(
         '{build_cityscapes.root}=%s has no leftImg8bit folder; give the '
@@ -229,8 +232,8 @@ def cityscapes_entries(root, split):
   Raises:
     DataError: no images, or images without a label.
   """
-  image_dir = os.path.join(root, 'leftImg8bit', split)
-  label_dir = os.path.join(root, 'gtFine', split)
+  image_dir = os.path.join(root, CITYSCAPES_IMAGE_FOLDER, split)
+  label_dir = os.path.join(root, CITYSCAPES_LABEL_FOLDER, split)
   entries, unlabelled = [], []
   for city in sorted(os.listdir(image_dir)):
     city_dir = os.path.join(image_dir, city)

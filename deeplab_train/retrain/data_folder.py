@@ -14,6 +14,7 @@ import hashlib
 import os
 import stat
 
+from deeplab_train.data import build_inputs
 from deeplab_train.retrain import policy
 
 
@@ -23,8 +24,9 @@ from deeplab_train.retrain import policy
 VOC = 'voc'
 CITYSCAPES = 'cityscapes'
 LAYOUTS = (VOC, CITYSCAPES)
-CITYSCAPES_FOLDERS = ('leftImg8bit', 'gtFine')
-CITYSCAPES_SPLITS = ('train', 'val')
+CITYSCAPES_FOLDERS = (build_inputs.CITYSCAPES_IMAGE_FOLDER,
+                      build_inputs.CITYSCAPES_LABEL_FOLDER)
+CITYSCAPES_SPLITS = build_inputs.CITYSCAPES_DEFAULT_SPLITS
 
 
 @dataclasses.dataclass(frozen=True)
