@@ -8,6 +8,7 @@ the process reports at exit whether TensorFlow was imported.
 """
 import configparser
 import json
+import re
 import subprocess
 import sys
 
@@ -88,3 +89,91 @@ def test_a_missing_required_flag_exits_2_without_tensorflow(command):
   # The message names the flag to give.
   assert '--' in result['message'], result
   assert not imported, '%s imported TensorFlow for a missing flag' % command
+
+
+# The flags each of the original's commands defines, read off its
+# common.py (every command imports it), train.py, eval.py, vis.py and
+# export_model.py. A command line or flagfile written for the original
+# must parse here too.
+_ORIGINAL_COMMON_FLAGS = (
+    'add_image_level_feature aspp_convs_filters aspp_with_batch_norm '
+    'aspp_with_concat_projection aspp_with_separable_conv '
+    'aspp_with_squeeze_and_excitation batch_norm_decay decoder_filters '
+    'decoder_output_is_logits decoder_output_stride '
+    'decoder_use_separable_conv decoder_use_sum_merge '
+    'dense_prediction_cell_json depth_multiplier divisible_by '
+    'image_pooling_crop_size image_pooling_stride image_pyramid '
+    'image_se_uses_qsigmoid keep_aspect_ratio label_weights '
+    'logits_kernel_size max_resize_value merge_method min_resize_value '
+    'model_variant multi_grid nas_remove_os32_stride '
+    'nas_stem_output_num_conv_filters nas_use_classification_head '
+    'prediction_with_upsampled_logits resize_factor use_bounded_activation'
+).split()
+_ORIGINAL_FLAGS = {
+    'deeplab-train': (
+        'adam_epsilon adam_learning_rate atrous_rates base_learning_rate '
+        'clone_on_cpu dataset dataset_dir decay_steps drop_path_keep_prob '
+        'end_learning_rate fine_tune_batch_norm hard_example_mining_step '
+        'initialize_last_layer last_layer_gradient_multiplier '
+        'last_layers_contain_logits_only learning_policy learning_power '
+        'learning_rate_decay_factor learning_rate_decay_step log_steps '
+        'master max_scale_factor min_scale_factor momentum num_clones '
+        'num_ps_tasks num_replicas optimizer output_stride profile_logdir '
+        'quantize_delay_step save_interval_secs save_summaries_images '
+        'save_summaries_secs scale_factor_step_size slow_start_learning_rate '
+        'slow_start_step startup_delay_steps task tf_initial_checkpoint '
+        'top_k_percent_pixels train_batch_size train_crop_size train_logdir '
+        'train_split training_number_of_steps upsample_logits weight_decay'),
+    'deeplab-eval': (
+        'add_flipped_images atrous_rates checkpoint_dir dataset dataset_dir '
+        'eval_batch_size eval_crop_size eval_interval_secs eval_logdir '
+        'eval_scales eval_split master max_number_of_evaluations '
+        'output_stride quantize_delay_step'),
+    'deeplab-vis': (
+        'add_flipped_images also_save_raw_predictions atrous_rates '
+        'checkpoint_dir colormap_type dataset dataset_dir eval_interval_secs '
+        'eval_scales master max_number_of_iterations output_stride '
+        'quantize_delay_step vis_batch_size vis_crop_size vis_logdir '
+        'vis_split'),
+    'deeplab-export': (
+        'add_flipped_images atrous_rates checkpoint_path crop_size '
+        'export_path inference_scales num_classes output_stride '
+        'quantize_delay_step save_inference_graph'),
+}
+
+
+@pytest.mark.parametrize('command', sorted(_ORIGINAL_FLAGS))
+def test_every_flag_of_the_original_command_is_defined(command):
+  proc, imported = _start(command, '--helpfull')
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  defined = set(re.findall(r'^\s+--(?:\[no\])?(\w+):', proc.stdout, re.M))
+  wanted = _ORIGINAL_COMMON_FLAGS + _ORIGINAL_FLAGS[command].split()
+  missing = [name for name in wanted if name not in defined]
+  assert not missing, '%s lacks the original\'s %s' % (command, missing)
+  assert not imported
+
+
+@pytest.mark.parametrize('command', ['deeplab-eval', 'deeplab-export',
+                                     'deeplab-vis'])
+@pytest.mark.parametrize('flag,message', [
+    ('--quantize_delay_step=0',
+     '--quantize_delay_step=0: quantised models are not supported'),
+    ('--master=grpc://evaluator:2222',
+     '--master=grpc://evaluator:2222: %s runs in its own process'),
+])
+def test_inference_commands_refuse_what_they_cannot_honour(command, flag,
+                                                           message):
+  """Before looking at any file (none of these exists) and without
+  TensorFlow; the defaults (-1, empty) pass (the other tests' runs)."""
+  proc, imported = _start(
+      command, flag, '--checkpoint_dir=/nonexistent',
+      '--checkpoint_path=/nonexistent/model.ckpt-1',
+      '--dataset_dir=/nonexistent', '--vis_logdir=/nonexistent/vis',
+      '--export_path=/nonexistent/frozen.pb', '--undefok=checkpoint_dir,'
+      'checkpoint_path,dataset_dir,vis_logdir,export_path')
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result['status'] == 'bad_input'
+  assert result['message'].startswith(
+      message % command if '%s' in message else message), result
+  assert not imported

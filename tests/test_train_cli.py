@@ -238,6 +238,23 @@ def test_use_xla_with_cpu_towers_is_logged(tmp_path, records, caplog,
   assert ('--use_xla with the towers on the CPU' in caplog.text) == warned
 
 
+@pytest.mark.parametrize('value,warned', [('false', True), ('true', False)])
+def test_keep_aspect_ratio_is_accepted_and_false_is_logged(
+    tmp_path, records, caplog, value, warned):
+  """The original defines --keep_aspect_ratio and reads it nowhere: its
+  resizing keeps the aspect ratio either way, and so does ours."""
+  FLAGS.unparse_flags()
+  try:
+    FLAGS(['deeplab-train'] + _args(tmp_path, records, '--min_resize_value=49',
+                                    '--keep_aspect_ratio=' + value))
+    with caplog.at_level(logging.WARNING):
+      job = train_cli.options_from_flags()
+  finally:
+    FLAGS.unparse_flags()
+  assert job.preprocess_options.min_resize_value == 49
+  assert ('--keep_aspect_ratio=false has no effect' in caplog.text) == warned
+
+
 @pytest.mark.parametrize('flags_line,mode', [
     ('flags\t\t: avx2 avx512f avx512_bf16', 'bf16'),
     ('flags\t\t: avx2 amx_tile amx_bf16', 'bf16'),

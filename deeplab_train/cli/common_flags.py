@@ -13,10 +13,12 @@ one that was trained.
 import os
 
 from absl import flags
+from absl import logging
 
 from deeplab_train import config
 from deeplab_train.cli import flag_table
 from deeplab_train.data import datasets
+from deeplab_train.data import stats as stats_lib
 
 FLAGS = flags.FLAGS
 
@@ -36,7 +38,27 @@ _RESIZE_TABLE = (
      'Maximum allowed size of the larger image side.'),
     ('integer', 'resize_factor', None,
      'Resized dimensions are multiple of factor plus one.'),
+    ('boolean', 'keep_aspect_ratio', True,
+     'Accepted for the original\'s command lines, which define it: resizing '
+     'by --min_resize_value / --max_resize_value always keeps the aspect '
+     'ratio, as the original\'s did (it reads this flag nowhere).'),
 )
+
+# The original's flags that several of its commands define, with the
+# meaning deeplab-train gives them; defined here once, so that a command
+# line (or flagfile) shared by the original's commands works with each.
+_SHARED_TABLE = (
+    ('string', 'master', '',
+     'Address of a TensorFlow server to run the session on (the original\'s '
+     'flag). deeplab-train: leave empty for in-process, and use '
+     '--ps_hosts/--worker_hosts or TF_CONFIG for clusters; the other '
+     'commands run in their own process and accept only the empty value.'),
+    ('integer', 'quantize_delay_step', -1,
+     'Quantised training and quantised evaluation graphs (not supported: '
+     'only -1 is accepted; deeplab-export --tflite_quantize quantises an '
+     'exported model).'),
+)
+
 
 # Model (the original's common.py and per-command model flags).
 _MODEL_TABLE = (
@@ -118,8 +140,47 @@ _EXPORTED_TABLE = (
      'checkpoint; deeplab-bench measures the inference speed of each one '
      '(repeat the flag or give a comma list).'),
 )
-flag_table.define(_DATASET_TABLE, _RESIZE_TABLE, _MODEL_TABLE,
+flag_table.define(_DATASET_TABLE, _RESIZE_TABLE, _SHARED_TABLE, _MODEL_TABLE,
                   _EXPORTED_TABLE)
+
+
+class _LabelWeightParser(flags.FloatParser):
+  """A class weight (a number) or the name of a weighting scheme."""
+
+  syntactic_help = 'a number or one of %s' % ', '.join(
+      stats_lib.WEIGHT_SCHEMES)
+
+  def convert(self, argument):
+    if isinstance(argument, str) and argument.strip() in (
+        stats_lib.WEIGHT_SCHEMES):
+      return argument.strip()
+    try:
+      return super().convert(argument)
+    except ValueError:
+      raise ValueError('%r is neither a number nor one of %s'
+                       % (argument, ', '.join(stats_lib.WEIGHT_SCHEMES))
+                       ) from None
+
+  def is_outside_bounds(self, val):
+    return False  # TrainOptions.validate refuses negative weights
+
+  def flag_type(self):
+    return 'float or scheme'
+
+
+flags.DEFINE_multi(
+    _LabelWeightParser(), flags.ArgumentSerializer(), 'label_weights', None,
+    'deeplab-train: one loss weight per class (repeat the flag); unset: all '
+    '1. Or one of these schemes, deriving the weights from the pixel counts '
+    'of --train_split in --dataset_dir/dataset.json (freq_c: class c\'s '
+    'share of the labelled pixels, ignore excluded): auto or auto_median: '
+    'median(freq) / freq_c (median-frequency balancing, median over the '
+    'classes present); auto_inverse_sqrt: 1 / sqrt(freq_c), normalised to '
+    'mean 1 over the classes present. A class with no pixel gets the '
+    'largest weight (with a warning). The counts are written by '
+    'deeplab-build-data, or by deeplab-stats --write_dataset_json. The '
+    'other commands accept it and ignore it, as the original\'s did.')
+
 
 # ModelOptions field -> flag name, for the fields set from flags.
 _MODEL_FLAGS = (
@@ -265,6 +326,10 @@ def resize_values(saved=None):
   Saved preprocess options win over defaults; an explicit contradicting
   flag is an error, as for the model flags.
   """
+  if not FLAGS.keep_aspect_ratio:
+    logging.warning('--keep_aspect_ratio=false has no effect: resizing keeps '
+                    'the aspect ratio, as in the original DeepLab, whose '
+                    'flag of that name was read nowhere')
   values = {name: FLAGS[name].value for name in _RESIZE_FLAGS}
   if saved is None:
     return values

@@ -97,12 +97,37 @@ def preprocess_options(saved_preprocess):
       crop_size=None, **common_flags.resize_values(saved_preprocess)).validate()
 
 
+def check_unsupported(command):
+  """Refuses the original's shared flags that an inference command cannot
+  honour (their defaults pass).
+
+  Raises:
+    config.ConfigError: --quantize_delay_step >= 0 or a --master address.
+  """
+  if FLAGS.quantize_delay_step >= 0:
+    raise config.ConfigError(
+        '--quantize_delay_step=%d: quantised models are not supported '
+        '(deeplab-train does not train them); leave it at -1. To quantise '
+        'an exported model, use deeplab-export --tflite_quantize',
+        FLAGS.quantize_delay_step)
+  if FLAGS.master:
+    raise config.ConfigError(
+        '--master=%s: %s runs in its own process, not on a TensorFlow '
+        'server; run it where it should work and leave --master empty',
+        FLAGS.master, command)
+
+
 def main_for(command, body, flag_names):
   """absl's main(argv) of an inference command: INFO logging, then body()
-  in the command shell (exit codes, the result line, flag names)."""
+  in the command shell (exit codes, the result line, flag names), after
+  `check_unsupported`."""
+  def checked_body():
+    check_unsupported(command)
+    body()
+
   def main(argv):
     logging.getLogger().setLevel(logging.INFO)
-    return app.run_body(command, argv, body, flag_names=flag_names)
+    return app.run_body(command, argv, checked_body, flag_names=flag_names)
   return main
 
 

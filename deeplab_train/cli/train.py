@@ -114,10 +114,6 @@ _CLUSTER_TABLE = (
     ('list', 'worker_hosts', [],
      'host:port of each worker task, comma-separated; the first is the '
      'chief.'),
-    ('string', 'master', '',
-     'Address of a TensorFlow server to run the session on (the original\'s '
-     'flag; leave empty for in-process, and use --ps_hosts/--worker_hosts '
-     'or TF_CONFIG for clusters).'),
     ('string', 'job_name', None, 'This task\'s job: ps or worker.'),
     ('integer', 'task', 0, 'The task ID (index in its job).'),
     ('boolean', 'sync_replicas', True,

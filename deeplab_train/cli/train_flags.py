@@ -101,12 +101,6 @@ _LOSS_TABLE = (
      'earlier cells and steps keep more (needs fine_tune_batch_norm).'),
 )
 
-# The original's options for what deeplab-train does not support.
-_UNSUPPORTED_TABLE = (
-    ('integer', 'quantize_delay_step', -1,
-     'Quantised training (not supported: only -1 is accepted).'),
-)
-
 # Speed (see deeplab-bench to measure them).
 _SPEED_TABLE = (
     ('enum', 'mixed_precision', 'none',
@@ -157,46 +151,9 @@ _AUGMENTATION_TABLE = (
      'Scale factor step size for data augmentation.'),
 )
 flag_table.define(_TOWER_TABLE, _OPTIMISATION_TABLE, _LOSS_TABLE,
-                  _UNSUPPORTED_TABLE, _SPEED_TABLE, _FINE_TUNING_TABLE,
+                  _SPEED_TABLE, _FINE_TUNING_TABLE,
                   _AUGMENTATION_TABLE)
 
-
-class _LabelWeightParser(flags.FloatParser):
-  """A class weight (a number) or the name of a weighting scheme."""
-
-  syntactic_help = 'a number or one of %s' % ', '.join(
-      stats_lib.WEIGHT_SCHEMES)
-
-  def convert(self, argument):
-    if isinstance(argument, str) and argument.strip() in (
-        stats_lib.WEIGHT_SCHEMES):
-      return argument.strip()
-    try:
-      return super().convert(argument)
-    except ValueError:
-      raise ValueError('%r is neither a number nor one of %s'
-                       % (argument, ', '.join(stats_lib.WEIGHT_SCHEMES))
-                       ) from None
-
-  def is_outside_bounds(self, val):
-    return False  # TrainOptions.validate refuses negative weights
-
-  def flag_type(self):
-    return 'float or scheme'
-
-
-# Loss (not in _LOSS_TABLE: a float flag that also takes scheme names).
-flags.DEFINE_multi(
-    _LabelWeightParser(), flags.ArgumentSerializer(), 'label_weights', None,
-    'One loss weight per class (repeat the flag); unset: all 1. Or one of '
-    'these schemes, deriving the weights from the pixel counts of '
-    '--train_split in --dataset_dir/dataset.json (freq_c: class c\'s share '
-    'of the labelled pixels, ignore excluded): auto or auto_median: '
-    'median(freq) / freq_c (median-frequency balancing, median over the '
-    'classes present); auto_inverse_sqrt: 1 / sqrt(freq_c), normalised to '
-    'mean 1 over the classes present. A class with no pixel gets the '
-    'largest weight (with a warning). The counts are written by '
-    'deeplab-build-data, or by deeplab-stats --write_dataset_json.')
 
 # Every TrainOptions field is set by the flag of the same name.
 _TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(config.TrainOptions))
@@ -205,8 +162,10 @@ _TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(config.TrainOptions))
 def check_unsupported():
   """Refuses the original's flags for features deeplab-train lacks."""
   if FLAGS.quantize_delay_step >= 0:
-    raise config.ConfigError('--quantize_delay_step: quantised training is '
-                             'not supported')
+    raise config.ConfigError(
+        '--quantize_delay_step=%d: quantised training is not supported; '
+        'leave it at -1. To quantise an exported model, use deeplab-export '
+        '--tflite_quantize', FLAGS.quantize_delay_step)
 
 
 def train_options(cpu_features=None, dataset_info=None):
