@@ -25,7 +25,7 @@ Runs download_and_convert_voc2012.sh, train_voc.sh, eval_voc.sh, vis_voc.sh
 and export_voc.sh in turn on the sample data. Any variable those scripts
 read can be set; an empty value counts as set.
 
-Without an option, the main job (what \`make demo\` runs), in about 3 minutes
+Without an option, the main job (what \`make demo\` runs), in 3 to 7 minutes
 on two CPU cores: data/ converted as a 5-class dataset, a half-width
 mobilenet_v2 trained from scratch; fails when the val mIoU is below MIN_MIOU.
   WORK       the outputs (tfrecord/, train/, eval/, vis/, export/)
