@@ -186,6 +186,28 @@ def test_checkpoint_lacking_most_variables_is_refused_unless_allowed(
   assert len(plan.missing) == len(variables) - len(shared)
 
 
+def test_quantisation_ranges_are_left_out_with_a_hint(tmp_path):
+  """A checkpoint of quantisation-aware training (the model zoo's 8-bit
+  rows) holds each layer's ranges beside its variables: the float network
+  restores from it, and the log says what was left out."""
+  prefix = str(tmp_path / 'model.ckpt')
+  with tf.Graph().as_default():
+    variables = _model_variables(tt.tiny_model_options())
+    model = [(v.op.name, v.shape.as_list()) for v in variables]
+  ranges = [('MobilenetV2/Conv/%s_quant/%s' % (kind, end), [])
+            for kind in ('weights', 'act') for end in ('min', 'max')]
+  _write_checkpoint(prefix, model + ranges)
+  with tf.Graph().as_default():
+    variables = _model_variables(tt.tiny_model_options())
+    plan = checkpoint_init.make_init_plan(prefix, variables)
+  assert plan.restored == sorted(n for n, _ in model)
+  assert not plan.missing and plan.unused == 4
+  text = '\n'.join(plan.summary_lines())
+  assert ('hint: the checkpoint holds 4 quantisation ranges (e.g. '
+          'MobilenetV2/Conv/act_quant/max, MobilenetV2/Conv/act_quant/min) '
+          'of quantisation-aware training') in text, text
+
+
 def test_resolve_checkpoint_prefix_directory_and_missing(tmp_path,
                                                          checkpoint_21):
   prefix, _ = checkpoint_21
