@@ -320,6 +320,16 @@ def classes_source(dataset_dir):
   return "--dataset=%s (the built-in dataset's table)" % FLAGS.dataset
 
 
+def refuse_quantisation(what):
+  """Raises ConfigError for --quantize_delay_step >= 0, saying `what`
+  (e.g. 'quantised training is not supported') and the way out."""
+  if FLAGS.quantize_delay_step >= 0:
+    raise config.ConfigError(
+        '--quantize_delay_step=%d: %s; leave it at -1. To quantise an '
+        'exported model, use deeplab-export --tflite_quantize',
+        FLAGS.quantize_delay_step, what)
+
+
 def resize_values(saved=None):
   """{'min_resize_value': .., 'max_resize_value': .., 'resize_factor': ..}.
 

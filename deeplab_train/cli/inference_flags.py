@@ -104,12 +104,8 @@ def check_unsupported(command):
   Raises:
     config.ConfigError: --quantize_delay_step >= 0 or a --master address.
   """
-  if FLAGS.quantize_delay_step >= 0:
-    raise config.ConfigError(
-        '--quantize_delay_step=%d: quantised models are not supported '
-        '(deeplab-train does not train them); leave it at -1. To quantise '
-        'an exported model, use deeplab-export --tflite_quantize',
-        FLAGS.quantize_delay_step)
+  common_flags.refuse_quantisation('quantised models are not supported '
+                                   '(deeplab-train does not train them)')
   if FLAGS.master:
     raise config.ConfigError(
         '--master=%s: %s runs in its own process, not on a TensorFlow '

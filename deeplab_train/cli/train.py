@@ -259,7 +259,7 @@ def options_from_flags():
   output_paths.check_output_file('result_json', FLAGS.result_json)
   common_flags.require(FLAGS.dataset_dir, 'dataset_dir',
                        ': the folder of the TFRecords (see deeplab-build-data)')
-  train_flags.check_unsupported()
+  common_flags.refuse_quantisation('quantised training is not supported')
   crop = train_flags.train_crop()
   info = datasets.load_dataset_info(FLAGS.dataset, FLAGS.dataset_dir)
   # pylint: disable=g-import-not-at-top

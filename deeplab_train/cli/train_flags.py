@@ -159,15 +159,6 @@ flag_table.define(_TOWER_TABLE, _OPTIMISATION_TABLE, _LOSS_TABLE,
 _TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(config.TrainOptions))
 
 
-def check_unsupported():
-  """Refuses the original's flags for features deeplab-train lacks."""
-  if FLAGS.quantize_delay_step >= 0:
-    raise config.ConfigError(
-        '--quantize_delay_step=%d: quantised training is not supported; '
-        'leave it at -1. To quantise an exported model, use deeplab-export '
-        '--tflite_quantize', FLAGS.quantize_delay_step)
-
-
 def train_options(cpu_features=None, dataset_info=None):
   """TrainOptions from the flags, validated; --mixed_precision=auto
   resolved for `cpu_features` (default: this machine's, runtime/cpu.py)
