@@ -369,7 +369,12 @@ def _update(towers, losses_, learning_rate, global_step, trainable,
     if wrap_optimizer is not None:
       optimizer = wrap_optimizer(optimizer)
     if scale is None:
-      apply_op = optimizer.apply_gradients(applied, global_step=global_step)
+      # The loss fetched with a step is that of the weights before its
+      # update: with the decay in the accumulator, nothing else orders the
+      # weight-decay loss's reads before the update.
+      with tf.control_dependencies([losses_.total_loss]):
+        apply_op = optimizer.apply_gradients(applied,
+                                             global_step=global_step)
     else:
       # A step with non-finite gradients is skipped and the scale halved.
       apply_op = scale.apply_gradients(optimizer, grads_and_vars,
