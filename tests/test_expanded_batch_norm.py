@@ -218,3 +218,32 @@ def test_towers_take_the_moments_in_bf16_graphs_on_amx(
              and op.name.endswith('/BatchNorm/centred')]
   assert (not expansions_bn) == taken, expansions_bn
   assert bool(centred) == (taken and mixed_precision == 'bf16'), centred
+
+
+@pytest.mark.parametrize('from_input', [False, True],
+                         ids=['matmul form', 'moments from the input'])
+def test_output_shape_is_a_constant_where_the_input_size_is_known(from_input):
+  """A 1x1 convolution's output takes its shape from a constant where the
+  input's size is known when the graph is built (a training crop), and
+  from the input where it is not (inference on any image size)."""
+  def build(shape):
+    graph = tf.Graph()
+    with graph.as_default():
+      x = tf.placeholder(tf.float32, shape)
+      with layers.batch_norm_from_input_moments(from_input):
+        y = layers.conv2d(x, 8, 1, _trained_params(), 'expand')
+    return graph, x, y
+
+  graph, _, y = build([2, 5, 5, 4])
+  assert y.shape.as_list() == [2, 5, 5, 8]
+  reshapes = [op for op in graph.get_operations() if op.type == 'Reshape']
+  assert reshapes
+  assert {op.inputs[1].op.type for op in reshapes} == {'Const'}
+
+  graph, x, y = build([None, None, None, 4])
+  assert 'Shape' in {op.type for op in graph.get_operations()}
+  with tf.Session(graph=graph) as sess:
+    sess.run(tf.global_variables_initializer())
+    for shape in ([1, 3, 7, 4], [2, 6, 2, 4]):
+      out = sess.run(y, {x: _input(shape)})
+      assert out.shape == tuple(shape[:3]) + (8,)

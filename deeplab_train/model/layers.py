@@ -649,7 +649,7 @@ def _channel_sums(t):
   _folded_offset_add_gradient)."""
   channels = int(t.shape[-1])
   rows = tf.reshape(t, [-1, channels])
-  ones = tf.ones(tf.stack([1, tf.shape(rows)[0]]), t.dtype)
+  ones = tf.ones([1, _leading_size(rows)], t.dtype)
   return tf.reshape(tf.matmul(ones, rows), [channels])
 
 
@@ -796,6 +796,22 @@ def _filter_gradient_by_patches(x, dy, w_shape, padding):
   return tf.reshape(tf.transpose(dw), w_shape)
 
 
+def _shape_with_channels(x, channels):
+  """x's shape with its last dimension set to `channels`: a list where x's
+  other dimensions are known when the graph is built (a training crop),
+  else a shape tensor (eight ops against one constant, per layer)."""
+  if x.shape.is_fully_defined():
+    return x.shape[:-1].as_list() + [channels]
+  return tf.concat([tf.shape(x)[:-1], [channels]], 0)
+
+
+def _leading_size(t):
+  """t's first dimension: an int where known when the graph is built,
+  else a scalar tensor."""
+  size = tf.compat.dimension_value(t.shape[0])
+  return size if size is not None else tf.shape(t)[0]
+
+
 def _pointwise(x, w, name='Conv2D'):
   """A 1x1 stride-1 convolution as one matmul over all pixels.
 
@@ -808,8 +824,7 @@ def _pointwise(x, w, name='Conv2D'):
   channels, num_outputs = int(w.shape[2]), int(w.shape[3])
   y = tf.matmul(tf.reshape(x, [-1, channels], name='pixels'),
                 tf.reshape(w, [channels, num_outputs]))
-  y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [num_outputs]], 0),
-                 name=name)
+  y = tf.reshape(y, _shape_with_channels(x, num_outputs), name=name)
   y.set_shape(x.shape[:-1].concatenate([num_outputs]))
   return y
 
@@ -877,7 +892,7 @@ def expanded_batch_norm(x, w, params: ConvParams, activation=_DEFAULT,
   channels, num_outputs = int(w.shape[2]), int(w.shape[3])
   pixels = tf.reshape(x, [-1, channels], name='pixels')
   weights = tf.reshape(w, [channels, num_outputs])
-  count = tf.cast(tf.shape(pixels)[0], tf.float32)
+  count = tf.cast(_leading_size(pixels), tf.float32)
   with tf.variable_scope(scope):
     beta, gamma, moving_mean, moving_variance = _batch_norm_variables(
         num_outputs, bn)
@@ -918,7 +933,7 @@ def expanded_batch_norm(x, w, params: ConvParams, activation=_DEFAULT,
       # On the matmul's 2-D output, where grappler fuses the bias add and
       # the activation into the matmul.
       y = activate(act, y)
-  y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [num_outputs]], 0))
+  y = tf.reshape(y, _shape_with_channels(x, num_outputs))
   y.set_shape(x.shape[:-1].concatenate([num_outputs]))
   if in_xla:
     y = offset_and_activation_in_xla(y, offset, act)
