@@ -796,13 +796,18 @@ def _filter_gradient_by_patches(x, dy, w_shape, padding):
   return tf.reshape(tf.transpose(dw), w_shape)
 
 
-def _shape_with_channels(x, channels):
-  """x's shape with its last dimension set to `channels`: a list where x's
-  other dimensions are known when the graph is built (a training crop),
-  else a shape tensor (eight ops against one constant, per layer)."""
+def _to_pixels_of(rows, x, channels, name=None):
+  """rows [pixels of x, channels] reshaped to x's shape with `channels`
+  as its last dimension: to a constant shape where x's size is known when
+  the graph is built (a training crop), else to one computed from x's
+  (eight ops against one constant, per layer)."""
   if x.shape.is_fully_defined():
-    return x.shape[:-1].as_list() + [channels]
-  return tf.concat([tf.shape(x)[:-1], [channels]], 0)
+    shape = x.shape[:-1].as_list() + [channels]
+  else:
+    shape = tf.concat([tf.shape(x)[:-1], [channels]], 0)
+  y = tf.reshape(rows, shape, name=name)
+  y.set_shape(x.shape[:-1].concatenate([channels]))
+  return y
 
 
 def _leading_size(t):
@@ -824,9 +829,7 @@ def _pointwise(x, w, name='Conv2D'):
   channels, num_outputs = int(w.shape[2]), int(w.shape[3])
   y = tf.matmul(tf.reshape(x, [-1, channels], name='pixels'),
                 tf.reshape(w, [channels, num_outputs]))
-  y = tf.reshape(y, _shape_with_channels(x, num_outputs), name=name)
-  y.set_shape(x.shape[:-1].concatenate([num_outputs]))
-  return y
+  return _to_pixels_of(y, x, num_outputs, name=name)
 
 
 def pointwise_conv2d_of_broadcast_and(per_image, x, num_outputs,
@@ -933,8 +936,7 @@ def expanded_batch_norm(x, w, params: ConvParams, activation=_DEFAULT,
       # On the matmul's 2-D output, where grappler fuses the bias add and
       # the activation into the matmul.
       y = activate(act, y)
-  y = tf.reshape(y, _shape_with_channels(x, num_outputs))
-  y.set_shape(x.shape[:-1].concatenate([num_outputs]))
+  y = _to_pixels_of(y, x, num_outputs)
   if in_xla:
     y = offset_and_activation_in_xla(y, offset, act)
   return y
