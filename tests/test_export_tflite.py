@@ -3,6 +3,7 @@
 import json
 import os
 
+from absl import flags
 import numpy as np
 import pytest
 import tensorflow.compat.v1 as tf
@@ -239,6 +240,25 @@ def test_int8_calibration_errors_name_the_flag(tiny_ckpt, dataset_dir,
                        '--tflite_quantize=dynamic'], capsys)
   assert '--tflite_quantize only applies' in err
   assert os.listdir(tmp_path) == []
+
+
+def test_int8_export_warns_of_keep_aspect_ratio_once(tiny_ckpt, dataset_dir,
+                                                     tmp_path, caplog):
+  """The calibration resizes as the exported graph does, from the same
+  flags, read once: one warning for --keep_aspect_ratio=false, not two."""
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(['deeplab-export', '--checkpoint_path=' + tiny_ckpt,
+                 '--tflite_path=%s/q.tflite' % tmp_path, '--crop_size=41,41',
+                 '--tflite_quantize=int8', '--dataset_dir=' + dataset_dir,
+                 '--keep_aspect_ratio=false'])
+    with caplog.at_level('WARNING'):
+      job = export_cli.options_from_flags()
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert caplog.text.count('--keep_aspect_ratio=false has no effect') == 1
+  assert job.preprocess_options == config.PreprocessOptions(crop_size=None)
+  assert job.export_options.min_resize_value is None
 
 
 def test_unconvertible_network_names_op_and_flag(tmp_path, capsys):

@@ -155,11 +155,12 @@ def options_from_flags():
   model_options = common_flags.model_options(
       _num_classes(saved_model), None, saved=saved_model,
       defaults=EXPORT_MODEL_DEFAULTS if saved_model is None else None)
+  # Read once: the calibration's resizing is the exported graph's.
+  resize = common_flags.resize_values(saved_pre)
   export_options = config.ExportOptions(
       inference=inference_flags.inference_options('crop_size',
                                                   'inference_scales'),
-      with_probabilities=FLAGS.export_probabilities,
-      **common_flags.resize_values(saved_pre)).validate()
+      with_probabilities=FLAGS.export_probabilities, **resize).validate()
   return ExportJob(checkpoint=checkpoint, model_options=model_options,
                    export_options=export_options,
                    export_path=FLAGS.export_path,
@@ -168,7 +169,7 @@ def options_from_flags():
                    tflite_path=FLAGS.tflite_path,
                    tflite_options=tflite_options,
                    **_calibration_data(tflite_options, saved_dataset,
-                                       saved_pre))
+                                       resize))
 
 
 def _tflite_options():
@@ -193,9 +194,10 @@ def _tflite_options():
       num_calibration_images=FLAGS.num_calibration_images).validate()
 
 
-def _calibration_data(tflite_options, saved_dataset, saved_pre):
+def _calibration_data(tflite_options, saved_dataset, resize):
   """ExportJob's calibration fields (int8 only), checked now: a missing
-  --dataset_dir or empty split fails before any conversion."""
+  --dataset_dir or empty split fails before any conversion. `resize`: the
+  export's resize values (common_flags.resize_values)."""
   if tflite_options is None or tflite_options.quantize != 'int8':
     return {}
   from deeplab_train.export import tflite  # pylint: disable=g-import-not-at-top
@@ -204,7 +206,8 @@ def _calibration_data(tflite_options, saved_dataset, saved_pre):
   return {'dataset_dir': FLAGS.dataset_dir,
           'dataset_info': datasets.load_dataset_info(
               common_flags.dataset_name(saved_dataset), FLAGS.dataset_dir),
-          'preprocess_options': inference_flags.preprocess_options(saved_pre)}
+          'preprocess_options': config.PreprocessOptions(
+              crop_size=None, **resize).validate()}
 
 
 def run_export(job):
