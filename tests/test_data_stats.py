@@ -203,6 +203,11 @@ def test_write_dataset_json_enables_auto_weights(tmp_path, caplog):
      '--dataset_dir=/nonexistent/records is not a folder'),
     ([], '--dataset_dir is required'),
     (['--split=test'], "no TFRecords for split 'test'"),
+    # Parsed (deeplab_train/cli/common_flags.py defines them for every
+    # command), but not read here.
+    (['--dataset_dir=/r', '--model_variant=xception_65', '--master=grpc://h:1'],
+     '--master is not a deeplab-stats flag'),
+    (['--quantize_delay_step=0'], 'remove --quantize_delay_step'),
 ])
 def test_bad_dir_or_split_exit_2_with_one_line(built, capsys, args, message):
   out, _ = built

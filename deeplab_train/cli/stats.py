@@ -17,6 +17,9 @@ recorded there (the file is created from the built-in descriptor when
 absent), e.g. for deeplab-train --label_weights=auto on records converted
 by the original DeepLab.
 
+The other commands' flags (--model_variant, --master, ...) are refused:
+this command reads none of them.
+
 Exit status: 0 done, 2 bad input (one-line message on stderr), 1 anything
 else; the last line on stdout is a JSON result line.
 """
@@ -49,8 +52,9 @@ _STATS_TABLE = (
 flag_table.define(_STATS_TABLE)
 # --dataset and --dataset_dir are the other commands' (cli/common_flags.py);
 # --help lists them with this command's own.
-flags.declare_key_flag('dataset')
-flags.declare_key_flag('dataset_dir')
+_SHARED_FLAGS_READ = ('dataset', 'dataset_dir')
+for _name in _SHARED_FLAGS_READ:
+  flags.declare_key_flag(_name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +71,10 @@ def options_from_flags():
   """The flags -> a StatsJob.
 
   Raises:
-    ConfigError: no --dataset_dir, no such folder or split, unknown dataset.
+    ConfigError: another command's flag given, no --dataset_dir, no such
+      folder or split, unknown dataset.
   """
+  _refuse_other_commands_flags()
   common_flags.require(FLAGS.dataset_dir, 'dataset_dir',
                        ': the folder of the TFRecords')
   from deeplab_train.data import pipeline  # pylint: disable=g-import-not-at-top
@@ -76,6 +82,21 @@ def options_from_flags():
   return StatsJob(dataset_dir=FLAGS.dataset_dir, split=FLAGS.split,
                   files=tuple(files), dataset_info=_dataset_info(),
                   write_dataset_json=FLAGS.write_dataset_json)
+
+
+def _refuse_other_commands_flags():
+  """The flags shared by the other commands (cli/common_flags.py) parse
+  here too, since the module defines them; all but --dataset and
+  --dataset_dir would be ignored, so given here they are bad input."""
+  given = sorted(flag.name for flag in FLAGS.get_flags_for_module(
+      common_flags.__name__)
+                 if flag.present and flag.name not in _SHARED_FLAGS_READ)
+  if given:
+    raise ConfigError(
+        '--%s is not a %s flag: it counts the labels of a split\'s records '
+        'and reads only --dataset_dir, --dataset, --split and '
+        '--write_dataset_json; remove %s', given[0], COMMAND,
+        ', '.join('--' + name for name in given))
 
 
 def _dataset_info():
