@@ -37,7 +37,9 @@ def test_writable_places_pass_and_nothing_is_created(place):
   output_paths.check_output_file('f', str(place / 'a_file'))
   output_paths.check_output_file('f', str(place / 'new' / 'out.json'))
   output_paths.check_output_folder('f', None)
-  assert not (place / 'new').exists()
+  # The write checks leave nothing behind.
+  assert sorted(os.listdir(place)) == ['a_file', 'a_folder']
+  assert os.listdir(place / 'a_folder') == []
 
 
 @pytest.mark.parametrize('check, name, message', [
@@ -56,6 +58,24 @@ def test_read_only_folder_is_named(place, monkeypatch, check, name, message):
       False if p == read_only else real_access(p, mode)))
   with pytest.raises(ConfigError, match=message.format(place)):
     check('some_flag', str(place / name))
+
+
+@pytest.mark.skipif(not os.path.isdir('/proc/self'),
+                    reason='needs Linux /proc')
+@pytest.mark.parametrize('check, path, message', [
+    (output_paths.check_output_folder, '/proc/deeplab-out',
+     'cannot be created: /proc refuses new entries'),
+    (output_paths.check_output_file, '/proc/deeplab-out/x.pb',
+     'cannot be created: /proc refuses new entries'),
+    (output_paths.check_output_folder, '/proc/self',
+     'is not writable'),
+])
+def test_a_folder_that_refuses_even_root_is_named(check, path, message):
+  """/proc takes no new entries from anyone, root included, although its
+  permission bits let root write (os.access says yes)."""
+  with pytest.raises(ConfigError, match=message) as error:
+    check('vis_logdir', path)
+  assert str(error.value).startswith('--vis_logdir=%s ' % path)
 
 
 def test_braces_in_paths_are_not_option_references(place):

@@ -7,8 +7,23 @@ file, or cannot be written is a bad-input error naming the flag. Paths go
 into the errors as values, never into their templates.
 """
 import os
+import tempfile
 
 from deeplab_train import config
+
+
+def _creation_refused(folder):
+  """The OSError of creating an entry in `folder`, or None if it can be.
+
+  Tried for real (an empty folder made and removed at once): the
+  permission bits do not stop root, while a read-only or virtual file
+  system (/proc, /sys) refuses root too.
+  """
+  try:
+    os.rmdir(tempfile.mkdtemp(prefix='.deeplab-write-check-', dir=folder))
+  except OSError as e:
+    return e
+  return None
 
 
 def _place_problem(flag_name, path, what):
@@ -24,6 +39,11 @@ def _place_problem(flag_name, path, what):
     return config.ConfigError('--%s=%s cannot be created: %s is not '
                               'writable; give ' + what, flag_name, path,
                               parent)
+  refused = _creation_refused(parent)
+  if refused:
+    return config.ConfigError('--%s=%s cannot be created: %s refuses new '
+                              'entries (%s); give ' + what, flag_name, path,
+                              parent, refused.strerror or refused)
   return None
 
 
@@ -38,7 +58,8 @@ def check_output_folder(flag_name, path):
   elif not os.path.isdir(path):
     problem = config.ConfigError('--%s=%s is a file, not a folder: give '
                                  + what, flag_name, path)
-  elif not os.access(path, os.W_OK | os.X_OK):
+  elif (not os.access(path, os.W_OK | os.X_OK)
+        or _creation_refused(path)):
     problem = config.ConfigError('--%s=%s is not writable: give ' + what,
                                  flag_name, path)
   else:
@@ -59,7 +80,9 @@ def check_output_file(flag_name, path):
   elif os.path.exists(path):
     # Replaced by rename: the folder must be writable, not the file.
     folder = os.path.dirname(os.path.abspath(path))
-    problem = (None if os.access(folder, os.W_OK | os.X_OK) else
+    writable = (os.access(folder, os.W_OK | os.X_OK)
+                and not _creation_refused(folder))
+    problem = (None if writable else
                config.ConfigError('--%s=%s cannot be replaced: %s is not '
                                   'writable; give ' + what, flag_name, path,
                                   folder))
