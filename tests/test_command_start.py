@@ -80,6 +80,18 @@ def test_an_unknown_flag_exits_2_without_tensorflow(command):
   assert not imported, '%s imported TensorFlow for a bad flag' % command
 
 
+@pytest.mark.parametrize('command', ['deeplab-eval', 'deeplab-train'])
+def test_a_flagfile_that_cannot_be_read_is_named(command, tmp_path):
+  missing = tmp_path / 'run.flags'
+  proc, imported = _start(command, '--flagfile=%s' % missing)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  errors = [line for line in proc.stderr.splitlines()
+            if line.startswith(command + ': ')]
+  assert errors == ['%s: cannot read a --flagfile: [Errno 2] No such file '
+                    "or directory: '%s' (see --help)" % (command, missing)]
+  assert not imported
+
+
 @pytest.mark.parametrize('command', NEEDS_A_FLAG)
 def test_a_missing_required_flag_exits_2_without_tensorflow(command):
   proc, imported = _start(command)

@@ -195,11 +195,21 @@ def flag_parser(command, on_bad_flags=None):
     try:
       return FLAGS(argv)
     except flags.Error as e:
-      sys.stderr.write('%s: %s (see --help)\n' % (command, e))
+      message = _flag_error_message(e)
+      sys.stderr.write('%s: %s (see --help)\n' % (command, message))
       if on_bad_flags is not None:
-        on_bad_flags(str(e))
+        on_bad_flags(message)
       sys.exit(EXIT_BAD_INPUT)
   return parse
+
+
+def _flag_error_message(error):
+  """absl's message for a bad flag; a --flagfile that cannot be opened is
+  named as such (absl says 'ERROR:: Unable to open flagfile: <OSError>')."""
+  if isinstance(error, flags.CantOpenFlagFileError):
+    return 'cannot read a --flagfile: %s' % str(error).split(
+        'Unable to open flagfile: ', 1)[-1]
+  return str(error)
 
 
 def start(command, main, doc, flag_modules=(), on_bad_flags=None):
