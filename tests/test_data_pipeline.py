@@ -281,3 +281,72 @@ def test_data_errors_are_recognised_by_the_pipelines_tag_not_their_wording():
   lost = pipeline.data_error_message(
       tf.errors.DataLossError(None, None, 'truncated record at 12'))
   assert lost == 'corrupted TFRecord input: truncated record at 12'
+
+
+def _unreadable_splits(tmp_path):
+  """{split: (dataset_dir, first bad file)}: 'junk' holds a good record then
+  one that is not a tf.Example, 'noimage' a record whose image bytes are no
+  image."""
+  rng = np.random.RandomState(3)
+  image = common.encode_png(common.random_image(rng, 9, 9))
+  label = common.encode_png(common.blocky_label(rng, 9, 9, 4), 'L')
+  good = common.raw_example('good', image, label, 9, 9).SerializeToString()
+  junk = str(tmp_path / 'junk-00000-of-00001.tfrecord')
+  with tf.io.TFRecordWriter(junk) as writer:
+    writer.write(good)
+    writer.write(b'not an example at all')
+  noimage = str(tmp_path / 'noimage-00000-of-00001.tfrecord')
+  common.write_records(noimage, [
+      common.raw_example('bad', b'\x89PNG but cut', label, 9, 9)])
+  return junk, noimage
+
+
+def test_records_that_cannot_be_parsed_or_decoded_are_named(tmp_path):
+  """Not a tf.Example, or an image TensorFlow cannot decode: the parse and
+  decode ops fail (not the pipeline's tagged checks); the reader says so on
+  one line, naming the file (and the record, for one that is no Example)."""
+  from deeplab_train.evaluation import eval_loop  # pylint: disable=g-import-not-at-top
+  junk, noimage = _unreadable_splits(tmp_path)
+
+  def read_error(split):
+    with pytest.raises(eval_loop.InputDataError) as error:
+      list(eval_loop.iterate_split(str(tmp_path), split, TINY, EVAL,
+                                   (127.5, 127.5, 127.5)))
+    message = str(error.value)
+    assert '\n' not in message and '[[' not in message, message
+    assert 'Graph execution error' not in message, message
+    return message
+
+  assert read_error('junk') == (
+      "split 'junk' of %s: %s%s: record 1 is not a tf.Example (Could not "
+      "parse example input, value: 'not an example at all'); convert the "
+      'data again with deeplab-build-data'
+      % (tmp_path, pipeline.DATA_ERROR_TAG, junk))
+  message = read_error('noimage')
+  assert message.startswith(
+      "split 'noimage' of %s: %sa record of %s cannot be parsed or decoded: "
+      % (tmp_path, pipeline.DATA_ERROR_TAG, noimage)), message
+  assert message.endswith('; convert the data again with deeplab-build-data')
+
+
+def test_a_failed_read_is_told_from_a_failed_op_by_the_iterator():
+  """In training, an error the input iterator raised is bad input data (exit
+  2); the same error raised elsewhere in the step is not."""
+  text = ('Graph execution error:\n\nUnknown image file format. One of JPEG, '
+          'PNG required.\n\t [[{{node decode_image/DecodeImage}}]]\n\t '
+          '[[%s]]')
+  from_input = tf.errors.InvalidArgumentError(
+      None, None, text % 'input/IteratorGetNext')
+  assert pipeline.data_error_message(from_input, ['a.tfrecord']) == (
+      pipeline.DATA_ERROR_TAG + 'a record of a.tfrecord cannot be parsed or '
+      'decoded: Unknown image file format. One of JPEG, PNG required; '
+      'convert the data again with deeplab-build-data')
+  elsewhere = tf.errors.InvalidArgumentError(
+      None, None, text % 'tower_0/loss/SparseSoftmaxCrossEntropyWithLogits')
+  assert pipeline.data_error_message(elsewhere, ['a.tfrecord']) is None
+  assert pipeline.error_reason(
+      'Graph execution error:\n\nError in user-defined function passed to '
+      'ParallelMapDatasetV2:2 transformation with iterator: Iterator::Root::'
+      'ParallelMapV2: Could not parse example input, value: \'x\'\n\t '
+      '[[{{node ParseExample}}]]') == (
+          "Could not parse example input, value: 'x'")

@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -247,6 +248,11 @@ def test_undecodable_label_is_an_error_naming_the_record(tmp_path):
   assert result['message'].startswith(
       "split 'train': record 1 (counting from 0, files in name order: %s) "
       'cannot be decoded: ' % (tmp_path / 'train-00000-of-00001.tfrecord'))
+  # What TensorFlow says failed, not its 'Graph execution error:' heading.
+  # (The formats listed depend on TensorFlow's version.)
+  assert re.search(r'cannot be decoded: Unknown image file format\. One of '
+                   r'JPEG, [A-Za-z, ]+ required$', result['message']), (
+                       result['message'])
 
 
 # ---------------------------------------------------------------------------

@@ -119,10 +119,72 @@ def data_error_message(error, record_files=None):
               'damaged or cut short; convert the data again with '
               'deeplab-build-data' % found)
     return 'corrupted TFRecord input: %s' % _first_line(error.message)
-  if (isinstance(error, tf.errors.InvalidArgumentError)
-      and DATA_ERROR_TAG in error.message):
-    text = error.message
+  if not isinstance(error, tf.errors.InvalidArgumentError):
+    return None
+  text = error.message
+  if DATA_ERROR_TAG in text:
     return _first_line(text[text.index(DATA_ERROR_TAG):])
+  if _INPUT_ITERATOR.search(text):
+    # A parse or decode op of the pipeline failed (not one of its checks,
+    # which are tagged): not a tf.Example, or an image that is not one.
+    found = unparsable_record(record_files or ())
+    if found:
+      return (DATA_ERROR_TAG + '%s: record %d is not a tf.Example (%s); '
+              'convert the data again with deeplab-build-data'
+              % (found + (error_reason(text),)))
+    return (DATA_ERROR_TAG + 'a record of %s cannot be parsed or decoded: '
+            '%s; convert the data again with deeplab-build-data'
+            % (_files_named(record_files), error_reason(text)))
+  return None
+
+
+# Where TensorFlow's message says the failing op ran inside the input
+# pipeline: the op name of the iterator's get_next ("[[input/IteratorGetNext]]").
+_INPUT_ITERATOR = re.compile(r'\[\[[^\]]*IteratorGetNext[^\]]*\]\]')
+
+
+def error_reason(message):
+  """The line of a TensorFlow error message that says what failed, without
+  the session's 'Graph execution error:' heading and the node names."""
+  for line in message.strip().splitlines():
+    line = _DATASET_FUNCTION.sub('', _first_line(line)).rstrip('.')
+    if line and not line.startswith('Graph execution error'):
+      # A record's bytes may be quoted whole ("value: '...'").
+      return line if len(line) <= _MAX_REASON else (
+          line[:_MAX_REASON] + '...')
+  return _first_line(message)
+
+
+_MAX_REASON = 240
+# tf.data's heading when the error came from a dataset function.
+_DATASET_FUNCTION = re.compile(r'^Error in user-defined function passed to '
+                               r'.*? transformation with iterator: \S+: ')
+
+
+def _files_named(files):
+  files = list(files or ())
+  if not files:
+    return 'the split\'s TFRecord files'
+  if len(files) <= 2:
+    return ' or '.join(files)
+  return '%s and %d more files' % (files[0], len(files) - 1)
+
+
+def unparsable_record(files):
+  """(file, record index) of the first record of `files` that is not a
+  tf.Example, or None. Reads every file once: called only after a failure.
+  """
+  for path in files:
+    try:
+      for index, record in enumerate(tf.io.tf_record_iterator(path)):
+        try:
+          tf.train.Example.FromString(record)
+        except Exception:  # pylint: disable=broad-except
+          # protobuf's DecodeError, whose module depends on the backend.
+          return path, index
+    except tf.errors.OpError:
+      # Damaged or gone since: the message names the files instead.
+      return None
   return None
 
 

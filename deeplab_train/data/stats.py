@@ -286,7 +286,10 @@ def count_records(files, num_classes, ignore_label, split='split'):
     ConfigError: a record whose image or label cannot be decoded.
     tf.errors.DataLossError: a damaged or cut-short file.
   """
-  import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  import tensorflow.compat.v1 as tf
+  from deeplab_train.data import pipeline
+  # pylint: enable=g-import-not-at-top
   counter = SplitCounter(num_classes, ignore_label)
   with tf.Graph().as_default():
     # Graph code already: no AutoGraph rewrite (see make_dataset).
@@ -305,7 +308,7 @@ def count_records(files, num_classes, ignore_label, split='split'):
           raise ConfigError(
               'split %r: record %d (counting from 0, files in name order: '
               '%s) cannot be decoded: %s', split, counter.num_images,
-              ', '.join(files), e.message.strip().splitlines()[0]) from None
+              ', '.join(files), pipeline.error_reason(e.message)) from None
         counter.add_counts(size[0], size[1], counts if has_label else None)
   return counter.result()
 

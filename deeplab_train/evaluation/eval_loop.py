@@ -94,8 +94,11 @@ def iterate_split(dataset_dir, split, dataset_info, preprocess_options,
         except tf.errors.OutOfRangeError:
           return
         except tf.errors.InvalidArgumentError as e:
-          raise InputDataError('split %r of %s: %s'
-                               % (split, dataset_dir, e.message)) from None
+          message = pipeline.data_error_message(
+              e, pipeline.split_files(dataset_dir, split))
+          raise InputDataError('split %r of %s: %s', split, dataset_dir,
+                               message or pipeline.error_reason(e.message)
+                               ) from None
         except tf.errors.DataLossError as e:
           raise InputDataError('%s', pipeline.data_error_message(
               e, pipeline.split_files(dataset_dir, split))) from None
