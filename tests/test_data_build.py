@@ -299,6 +299,17 @@ def test_size_mismatch_names_both_files(tmp_path):
                      r'but label \S*img_01.png is 24x21')
 
 
+def test_unreadable_image_is_named_without_pillows_buffer(tmp_path):
+  images, labels, lists = voc(tmp_path, {'train': common.tiny_pairs(14, 2)})
+  with open(os.path.join(images, 'img_01.png'), 'wb') as f:
+    f.write(b'\x89PNG cut short')
+  with pytest.raises(build.DataError) as error:
+    build_voc(images, labels, lists, str(tmp_path / 'o'), OPTIONS,
+              image_format='png')
+  assert str(error.value) == ('%s is not a readable image (cannot identify '
+                              'image file)' % os.path.join(images, 'img_01.png'))
+
+
 def test_missing_listed_files_are_listed(tmp_path):
   images, labels, lists = voc(tmp_path, {'train': common.tiny_pairs(13, 2)})
   os.remove(os.path.join(images, 'img_01.png'))

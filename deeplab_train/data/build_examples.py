@@ -10,6 +10,7 @@ decoded ids, for the split's statistics.
 """
 import dataclasses
 import io
+import re
 from typing import Optional
 
 import numpy as np
@@ -51,8 +52,14 @@ def read_image(path):
       pil_images.to_rgb(im).save(buf, format='PNG')
       return buf.getvalue(), 'png', height, width
   except (OSError, ValueError, Image.DecompressionBombError) as e:
+    # Pillow names the buffer it read ("cannot identify image file
+    # <_io.BytesIO object at 0x...>"); the path is named instead.
+    reason = _BUFFER_NAME.sub('', str(e)) or type(e).__name__
     raise build_options.DataError('%s is not a readable image (%s)', path,
-                                  e) from None
+                                  reason) from None
+
+
+_BUFFER_NAME = re.compile(r'\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>')
 
 
 def _colour_table(palette, num_classes, ignore_label):
