@@ -194,9 +194,16 @@ extract_archive() {
   rm -rf "$tmp"
   mkdir -p "$tmp"
   log "extract: $ARCHIVE -> $dest"
-  "$unpack" "$ARCHIVE" "$tmp" || die "cannot extract $ARCHIVE (not a $format file, or truncated)"
+  # A failed extraction's part (up to the archive's size) is not kept.
+  if ! "$unpack" "$ARCHIVE" "$tmp"; then
+    rm -rf "$tmp"
+    die "cannot extract $ARCHIVE (not a $format file, or truncated)"
+  fi
   root=$("$find_root" "$tmp")
-  [[ -n $root ]] || die "$ARCHIVE holds no $expected"
+  if [[ -z $root ]]; then
+    rm -rf "$tmp"
+    die "$ARCHIVE holds no $expected"
+  fi
   mkdir -p "$(dirname "$dest")"
   rm -rf "$dest"
   mv "$root" "$dest"

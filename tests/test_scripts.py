@@ -413,6 +413,20 @@ def test_ade20k_file_that_is_not_a_zip_is_refused(tmp_path):
   assert 'ERROR: cannot extract %s (not a zip file' % archive in proc.stderr
   assert 'Traceback' not in proc.stderr
   assert not (work / 'ADEChallengeData2016').exists()
+  # Nor is the extraction's temp folder kept.
+  assert not (work / '.extract.tmp').exists()
+
+
+def test_ade20k_zip_without_the_dataset_is_refused(tmp_path):
+  archive = tmp_path / 'other.zip'
+  with zipfile.ZipFile(archive, 'w') as other:
+    other.writestr('readme.txt', 'not ADE20K')
+  work = tmp_path / 'work'
+  proc = _convert_ade20k(work, archive)
+  assert proc.returncode == 1
+  assert 'ERROR: %s holds no ' % archive in proc.stderr, proc.stderr
+  assert not (work / 'ADEChallengeData2016').exists()
+  assert not (work / '.extract.tmp').exists()
 
 
 def test_ade20k_folder_without_validation_labels_is_refused(tmp_path):
