@@ -107,6 +107,10 @@ DATA_ERROR_TAG = 'bad input data: '
 def data_error_message(error, record_files=None):
   """A one-line message when a step failed on bad input data, else None.
 
+  Bad input data: a damaged file, a failed check of the pipeline (tagged),
+  or a parse or decode op of the pipeline that failed (the error came
+  through the input iterator). Any other error is not recognised.
+
   Args:
     error: an exception raised while running a graph fed by this pipeline.
     record_files: the TFRecord files it read, to name the damaged one
@@ -180,7 +184,8 @@ def unparsable_record(files):
         try:
           tf.train.Example.FromString(record)
         except Exception:  # pylint: disable=broad-except
-          # protobuf's DecodeError, whose module depends on the backend.
+          # protobuf's DecodeError: protobuf comes with TensorFlow, it is
+          # not imported here for one exception class.
           return path, index
     except tf.errors.OpError:
       # Damaged or gone since: the message names the files instead.
