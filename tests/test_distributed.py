@@ -235,6 +235,26 @@ def test_session_config_sees_only_ps_and_this_worker():
   assert not base.device_filters  # the base is left alone
 
 
+
+def test_a_port_in_use_is_named_with_the_task_option():
+  """The server cannot listen: the message names the option (a command
+  shows it as its flag, --task), not a flag, from the library."""
+  from deeplab_train.cli import app  # pylint: disable=g-import-not-at-top
+  with socket.socket() as taken:
+    taken.bind(('127.0.0.1', 0))
+    taken.listen(1)
+    address = '127.0.0.1:%d' % taken.getsockname()[1]
+    cluster = cluster_spec.resolve(_options(worker_hosts=(address,
+                                                          WORKERS[1])))
+    with pytest.raises(config.ConfigError) as error:
+      cluster_lib.start_server(cluster)
+  assert str(error.value).startswith(
+      'cannot start the worker task 0 server on %s (' % address)
+  assert str(error.value).endswith(
+      'is the port in use, maybe by another task started with the same '
+      'task?')
+  assert app.user_message(error.value).endswith('the same --task?')
+
 # ---------------------------------------------------------------------------
 # Device placement of the training graph (no server needed).
 # ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
+from deeplab_train.cli import app
 from deeplab_train.runtime import hooks as hooks_lib
 from deeplab_train.runtime import lock as lock_lib
 from deeplab_train.runtime import result as result_lib
@@ -60,6 +61,11 @@ def test_nan_loss_stops_without_saving_the_nan_step(tmp_path):
   assert tt.checkpoint_steps(tmp_path) == [0, 2, 4]
   assert result.checkpoint.endswith('model.ckpt-4')
   assert _all_finite(result.checkpoint)
+  # The library names the option; a command shows it as its flag.
+  assert result.message.endswith(
+      'Lower base_learning_rate or check the input labels.'), result.message
+  assert app.user_message(result.detail).endswith(
+      'Lower --base_learning_rate or check the input labels.')
 
 
 def test_nan_weights_with_a_finite_loss_are_caught(tmp_path):

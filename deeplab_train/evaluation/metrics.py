@@ -72,7 +72,7 @@ class ConfusionMatrix:
       bad = labels[(labels < 0) | (labels >= n)]
       raise LabelRangeError(
           'ground-truth value %d%s is not a class id in [0, %d) nor the '
-          'ignore label %s; check --dataset / num_classes'
+          'ignore label %s; check the dataset and its num_classes'
           % (bad[0], _for(name), n, self.ignore_label))
     if predictions.size and (predictions.min() < 0 or predictions.max() >= n):
       raise LabelRangeError('prediction outside [0, %d)%s: the model has '

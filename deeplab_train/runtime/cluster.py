@@ -71,9 +71,9 @@ def start_server(cluster, config=None):
   except (tf.errors.UnknownError, tf.errors.InvalidArgumentError) as e:
     raise ConfigError(
         'cannot start the %s task %d server on %s (%s): is the port in use, '
-        'maybe by another task started with the same --task?'
-        % (cluster.job_name, cluster.task, cluster.address,
-           e.message.strip().splitlines()[0])) from None
+        'maybe by another task started with the same {ClusterOptions.task}?',
+        cluster.job_name, cluster.task, cluster.address,
+        e.message.strip().splitlines()[0]) from None
   logging.info('Started %s; server %s', cluster.describe(), server.target)
   return server
 

@@ -214,7 +214,7 @@ def bf16_refusal(features, environ=None):
     return ('%s=%s keeps oneDNN below AVX512_CORE, and TensorFlow hands '
             'bfloat16 ops to oneDNN on this AVX-512 CPU: the process would '
             'abort in its first step. Unset %s (or set it to AVX512_CORE_BF16 '
-            'or higher), or train with --mixed_precision=none' % (
+            'or higher), or train in float32' % (
                 cap[0], cap[1], cap[0]))
   return None
 

@@ -14,6 +14,7 @@ import time
 from absl import logging
 import tensorflow.compat.v1 as tf
 
+from deeplab_train.config import errors
 from deeplab_train.runtime import result as result_lib
 
 # Stop reasons recorded by the hooks (see StopState).
@@ -27,10 +28,12 @@ class NonFiniteLossError(RuntimeError):
   """The loss or the updated weights are NaN or infinite."""
 
   def __init__(self, step, loss):
-    super().__init__(
+    # Names the option (a command shows it as its flag, see config/errors.py).
+    self.detail = errors.Message(
         'non-finite loss or weights at step %d (loss %r); no checkpoint of '
-        'this step was written. Lower --base_learning_rate or check the input '
-        'labels.' % (step, loss))
+        'this step was written. Lower {TrainOptions.base_learning_rate} or '
+        'check the input labels.', step, loss)
+    super().__init__(str(self.detail))
     self.step = step
     self.loss = loss
 

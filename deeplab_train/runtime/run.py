@@ -411,7 +411,7 @@ class TrainingRun:
       return self._result('non_finite_loss', 'non_finite_loss',
                           global_step=e.step, loss=e.loss,
                           checkpoint=tf.train.latest_checkpoint(logdir),
-                          message=str(e))
+                          detail=e.detail)
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
       files = getattr(self.spec.input_fn, 'record_files', None)
       message = pipeline.data_error_message(e, files() if files else None)
