@@ -70,6 +70,19 @@ def test_help_answers_without_tensorflow(command):
   assert not imported, '%s --help imported TensorFlow' % command
 
 
+def test_export_help_shows_the_original_exports_output_stride():
+  """The original export_model.py's --output_stride defaults to 8 (its
+  train, eval and vis: 16); deeplab-export uses 8 for a checkpoint
+  without saved options, and its --help says so."""
+  proc, _ = _start('deeplab-export', '--help')
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  shown = proc.stdout.split('  --output_stride:', 1)[1].split('\n  --', 1)[0]
+  assert "(default: '8')" in shown, shown
+  proc, _ = _start('deeplab-eval', '--help')
+  shown = proc.stdout.split('  --output_stride:', 1)[1].split('\n  --', 1)[0]
+  assert "(default: '16')" in shown, shown
+
+
 @pytest.mark.parametrize('command', sorted(ENTRY_POINTS))
 def test_an_unknown_flag_exits_2_without_tensorflow(command):
   proc, imported = _start(command, '--no_such_flag=1')

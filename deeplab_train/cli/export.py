@@ -270,6 +270,11 @@ main = inference_flags.main_for(COMMAND, _export, FLAG_NAMES)
 
 
 def run():
+  # The command's own defaults, so that --help shows them too (set here, in
+  # the command's process only: the flags are shared with the other
+  # commands, which keep theirs).
+  for name, value in EXPORT_MODEL_DEFAULTS.items():
+    FLAGS.set_default(name, value)
   inference_flags.run_app(COMMAND, main, __doc__, __name__)
 
 
