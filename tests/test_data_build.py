@@ -21,6 +21,7 @@ from deeplab_train.config import ConfigError
 from deeplab_train.data import build
 from deeplab_train.data import datasets
 import test_data_common as common
+import train_testing as tt
 
 OPTIONS = build.BuildOptions(num_classes=4, dataset_name='tiny',
                              num_shards=2)
@@ -397,6 +398,34 @@ def test_cli_exits_non_zero_with_one_clear_line(tmp_path):
   assert len(error_lines) == 1
   assert 'img_00.png: label values 30 are outside [0, 4)' in error_lines[0]
   assert error_lines[0].endswith('set --num_classes / --ignore_label')
+
+
+def test_cli_on_a_full_disk_says_so_in_one_line(tmp_path, monkeypatch,
+                                                capsys):
+  """TensorFlow's record writer fails (as on a full disk, where it raises
+  ResourceExhaustedError): the command names the folder and says the old
+  records are kept, on one line, without a traceback."""
+  from deeplab_train.cli import build_data as build_cli  # pylint: disable=g-import-not-at-top
+  images, labels, lists = voc(tmp_path, {'train': common.tiny_pairs(15, 2)})
+  out = tmp_path / 'out'
+
+  class FullDisk(tf.io.TFRecordWriter):
+
+    def write(self, record):
+      raise tf.errors.ResourceExhaustedError(
+          None, None, '%s; No space left on device' % out)
+  monkeypatch.setattr(tf.io, 'TFRecordWriter', FullDisk)
+  code = tt.main_in_process('deeplab-build-data', build_cli.main, [
+      '--image_folder', images, '--semantic_segmentation_folder', labels,
+      '--list_folder', lists, '--image_format', 'png', '--output_dir',
+      str(out), '--num_classes', '4'])[0]
+  err = capsys.readouterr().err
+  assert code == 2
+  assert 'Traceback' not in err
+  assert ('deeplab-build-data: error: cannot write the TFRecords in %s: %s; '
+          'No space left on device; the records and dataset.json already '
+          'there are unchanged' % (out, out)) in err.splitlines()
+  assert os.listdir(out) == []
 
 
 def test_cli_errors_name_the_flags(tmp_path):

@@ -39,6 +39,24 @@ DataError = build_options.DataError
 Entry = build_inputs.Entry
 
 
+class OutputNotWrittenError(OSError):
+  """The new shards or dataset.json could not be written (e.g. a full
+  disk): nothing of this build was renamed into place. An OSError, as the
+  others of an output folder that cannot be written."""
+
+  def __init__(self, output_dir, reason):
+    super().__init__(
+        'cannot write the TFRecords in %s: %s; the records and dataset.json '
+        'already there are unchanged' % (output_dir, reason))
+
+
+def _write_failure(output_dir, error):
+  """OutputNotWrittenError for an OSError or TensorFlow OpError."""
+  reason = (getattr(error, 'message', None) or error.strerror
+            or str(error) or type(error).__name__)
+  return OutputNotWrittenError(output_dir, reason.strip().splitlines()[0])
+
+
 # ---------------------------------------------------------------------------
 # Writing shards.
 # ---------------------------------------------------------------------------
@@ -46,13 +64,17 @@ def _write_shard(entries, temp_path, options, stop):
   """Writes one shard; returns the stats.SplitCounter of its pairs."""
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   counter = stats.SplitCounter(options.num_classes, options.ignore_label)
-  with tf.io.TFRecordWriter(temp_path) as writer:
-    for entry in entries:
-      if stop.is_set():
-        break
-      pair = build_examples.encode_pair(entry, options)
-      writer.write(pair.serialized)
-      counter.add(pair.height, pair.width, pair.label_ids)
+  try:
+    with tf.io.TFRecordWriter(temp_path) as writer:
+      for entry in entries:
+        if stop.is_set():
+          break
+        pair = build_examples.encode_pair(entry, options)
+        writer.write(pair.serialized)
+        counter.add(pair.height, pair.width, pair.label_ids)
+  except tf.errors.OpError as e:
+    # The writer's (the pairs are read and encoded without TensorFlow).
+    raise _write_failure(os.path.dirname(temp_path), e) from None
   return counter
 
 
@@ -196,7 +218,10 @@ def convert(splits_to_entries, output_dir, options):
     info = dataset_info_for(options, sizes, existing, counted)
     info.validate(json_path)
     with atomic.writing(json_path) as temp_json:
-      atomic.write_json(temp_json, info.to_dict())
+      try:
+        atomic.write_json(temp_json, info.to_dict())
+      except OSError as e:
+        raise _write_failure(output_dir, e) from None
       _switch(written, [(output_dir, split) for split in sizes])
   finally:
     _remove([temp for temp, _ in written])
