@@ -12,6 +12,29 @@ import os
 import shutil
 
 
+class OutputNotWrittenError(OSError):
+  """`path` could not be written (a full disk, a read-only file system,
+  ...); nothing was put in its place. str(): 'cannot write PATH: REASON'.
+  The errno, strerror (the reason) and filename are OSError's."""
+
+  def __init__(self, path, reason, error_number=None):
+    super().__init__(error_number, reason, path)
+
+  def __str__(self):
+    return 'cannot write %s: %s' % (self.filename, self.strerror)
+
+
+def not_written(path, error):
+  """OutputNotWrittenError for `path` from an OSError (or any error with
+  a message, e.g. TensorFlow's OpError of a file it wrote)."""
+  if isinstance(error, OutputNotWrittenError):
+    return error
+  reason = (getattr(error, 'strerror', None) or getattr(error, 'message', None)
+            or str(error) or type(error).__name__)
+  return OutputNotWrittenError(path, reason.strip().splitlines()[0],
+                               getattr(error, 'errno', None))
+
+
 def _temp_prefix(path):
   """(folder, the start of every temp name of `path`, whatever its pid)."""
   folder, base = os.path.split(os.path.abspath(path))
@@ -68,11 +91,14 @@ def write_with(path, writer):
   is then told the format explicitly since the temp name has no extension
   it recognises).
   """
-  with writing(path) as tmp:
-    with open(tmp, 'wb') as f:
-      writer(f)
-      f.flush()
-      os.fsync(f.fileno())
+  try:
+    with writing(path) as tmp:
+      with open(tmp, 'wb') as f:
+        writer(f)
+        f.flush()
+        os.fsync(f.fileno())
+  except OSError as e:
+    raise not_written(path, e) from None
   return path
 
 
@@ -93,6 +119,23 @@ def temp_dir_for(path):
   if os.path.exists(tmp):
     shutil.rmtree(tmp)
   return tmp
+
+
+@contextlib.contextmanager
+def writing_dir(path):
+  """Yields a fresh temp directory (not created) to fill; when the block
+  ends without an error it replaces `path` (`replace_dir`), else it is
+  removed, so a failed write (e.g. a full disk) leaves neither a partial
+  directory nor its temp behind."""
+  tmp = temp_dir_for(path)
+  try:
+    yield tmp
+  except BaseException as e:
+    shutil.rmtree(tmp, ignore_errors=True)
+    if isinstance(e, OSError):
+      raise not_written(path, e) from None
+    raise
+  replace_dir(tmp, path)
 
 
 def replace_dir(tmp, path):

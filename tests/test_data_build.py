@@ -420,11 +420,12 @@ def test_cli_on_a_full_disk_says_so_in_one_line(tmp_path, monkeypatch,
       '--list_folder', lists, '--image_format', 'png', '--output_dir',
       str(out), '--num_classes', '4'])[0]
   err = capsys.readouterr().err
-  assert code == 2
+  # Exit 1: not bad input, and not a bug either.
+  assert code == 1
   assert 'Traceback' not in err
-  assert ('deeplab-build-data: error: cannot write the TFRecords in %s: %s; '
-          'No space left on device; the records and dataset.json already '
-          'there are unchanged' % (out, out)) in err.splitlines()
+  assert ('deeplab-build-data: error: cannot write %s: %s; No space left on '
+          'device; the records and dataset.json already there are unchanged'
+          % (out, out)) in err.splitlines()
   assert os.listdir(out) == []
 
 

@@ -135,6 +135,32 @@ def test_frozen_graph_and_saved_model_match_in_graph_inference(
                                        freeze.PROB_NAME)[0], atol=1e-5)
 
 
+def test_saved_model_on_a_full_disk_keeps_the_old_and_no_temp(
+    tiny_ckpt, tmp_path, monkeypatch, capsys):
+  """TensorFlow's SavedModel writer fails as on a full disk: the command
+  says which folder in one line (exit 1), the SavedModel already there is
+  unchanged and the temp folder is gone."""
+  old = tmp_path / 'saved_model'
+  old.mkdir()
+  (old / 'saved_model.pb').write_bytes(b'the previous export')
+
+  def full_disk(self, *args, **kwargs):
+    raise tf.errors.ResourceExhaustedError(
+        None, None, '%s; No space left on device' % old)
+  monkeypatch.setattr(tf.saved_model.Builder, 'save', full_disk)
+  code = et.run_cli(export_cli, ['--checkpoint_path=' + tiny_ckpt,
+                                 '--saved_model_dir=%s' % old,
+                                 '--crop_size=41,41'])
+  err = capsys.readouterr().err
+  assert code == 1
+  assert 'Traceback' not in err
+  assert ('deeplab-export: error: cannot write %s: %s; No space left on '
+          'device' % (old, old)) in err.splitlines()
+  assert os.listdir(tmp_path) == ['saved_model']
+  assert os.listdir(old) == ['saved_model.pb']
+  assert (old / 'saved_model.pb').read_bytes() == b'the previous export'
+
+
 def test_multi_scale_flipped_export_matches_in_graph(tiny_ckpt, tmp_path):
   pb = str(tmp_path / 'ms.pb')
   assert et.run_cli(export_cli, [

@@ -24,6 +24,7 @@ import sys
 from absl import app
 from absl import flags
 
+from deeplab_train import atomic
 from deeplab_train import config
 from deeplab_train.config import errors
 from deeplab_train.runtime import result as result_lib
@@ -149,6 +150,11 @@ def run_body(command, argv, body, bad_input=None, flag_names=None):
   except Reported as e:
     return e.exit_code
   except Exception as e:  # pylint: disable=broad-except
+    if isinstance(e, atomic.OutputNotWrittenError):
+      # Not the input's fault nor a bug (a full disk, ...): one line, exit 1.
+      sys.stderr.write('%s: error: %s\n' % (command, e))
+      print_result('error', message=str(e))
+      return EXIT_UNEXPECTED
     # Classified after the fact: see bad_input_errors.
     if isinstance(e, bad_input or bad_input_errors()):
       message = user_message(e, flag_names)

@@ -88,6 +88,7 @@ from typing import Any, Optional
 from absl import flags
 from absl import logging
 
+from deeplab_train import atomic
 from deeplab_train import config
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
@@ -381,6 +382,10 @@ def main(argv):
     result = result_lib.RunResult('bad_input', 'bad_input',
                                   seconds=time.time() - start,
                                   message=str(e), detail=e)
+  except atomic.OutputNotWrittenError as e:
+    # A full disk (or the like) before or outside a checkpoint: no traceback.
+    result = result_lib.RunResult('error', 'error',
+                                  seconds=time.time() - start, message=str(e))
   except Exception as e:  # pylint: disable=broad-except
     logging.exception('%s failed', COMMAND)
     result = result_lib.RunResult('error', 'error',

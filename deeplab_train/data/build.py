@@ -39,22 +39,14 @@ DataError = build_options.DataError
 Entry = build_inputs.Entry
 
 
-class OutputNotWrittenError(OSError):
-  """The new shards or dataset.json could not be written (e.g. a full
-  disk): nothing of this build was renamed into place. An OSError, as the
-  others of an output folder that cannot be written."""
-
-  def __init__(self, output_dir, reason):
-    super().__init__(
-        'cannot write the TFRecords in %s: %s; the records and dataset.json '
-        'already there are unchanged' % (output_dir, reason))
-
-
 def _write_failure(output_dir, error):
-  """OutputNotWrittenError for an OSError or TensorFlow OpError."""
-  reason = (getattr(error, 'message', None) or error.strerror
-            or str(error) or type(error).__name__)
-  return OutputNotWrittenError(output_dir, reason.strip().splitlines()[0])
+  """atomic.OutputNotWrittenError of the build's folder, for an OSError or
+  TensorFlow OpError while writing its temp files: nothing of this build
+  was renamed into place."""
+  failed = atomic.not_written(output_dir, error)
+  return atomic.OutputNotWrittenError(
+      output_dir, '%s; the records and dataset.json already there are '
+      'unchanged' % failed.strerror, failed.errno)
 
 
 # ---------------------------------------------------------------------------

@@ -181,8 +181,8 @@ def write_saved_model(checkpoint_path, model_options, export_options,
   """
   frozen, signatures = freeze_serving_graph(checkpoint_path, model_options,
                                             export_options)
-  tmp = atomic.temp_dir_for(export_dir)
-  with tf.Graph().as_default() as graph:
+  with atomic.writing_dir(export_dir) as tmp, \
+      tf.Graph().as_default() as graph:
     tf.import_graph_def(frozen, name='')
     signature_defs = {}
     for key, (inputs, outputs) in signatures.items():
@@ -195,5 +195,9 @@ def write_saved_model(checkpoint_path, model_options, export_options,
       builder.add_meta_graph_and_variables(
           sess, [tf.saved_model.tag_constants.SERVING],
           signature_def_map=signature_defs, strip_default_attrs=True)
-      builder.save()
-  return atomic.replace_dir(tmp, export_dir)
+      try:
+        builder.save()
+      except (OSError, tf.errors.OpError) as e:
+        # E.g. a full disk (TensorFlow's ResourceExhaustedError).
+        raise atomic.not_written(export_dir, e) from None
+  return export_dir

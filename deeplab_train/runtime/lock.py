@@ -6,6 +6,7 @@ run is never mistaken for a live one; the file's content (pid, host, start
 time) only names the holder in messages. A leftover file from a dead run is
 taken over (and logged).
 """
+import contextlib
 import errno
 import fcntl
 import json
@@ -14,6 +15,8 @@ import socket
 import time
 
 from absl import logging
+
+from deeplab_train import atomic
 
 LOCK_FILENAME = '.deeplab-train.lock'
 
@@ -40,6 +43,14 @@ def _read_holder(fd):
     return json.loads(data.decode() or '{}')
   except ValueError:
     return {}
+
+
+def _write_holder(fd, holder):
+  """Replaces the lock file's content by the holder's JSON, on disk."""
+  os.ftruncate(fd, 0)
+  os.lseek(fd, 0, os.SEEK_SET)
+  os.write(fd, json.dumps(holder).encode())
+  os.fsync(fd)
 
 
 def _pid_alive(pid):
@@ -96,10 +107,13 @@ class LogdirLock:
           else 'not a deeplab-train holding the lock')
     me = {'pid': os.getpid(), 'host': socket.gethostname(),
           'started': time.strftime('%Y-%m-%dT%H:%M:%S%z')}
-    os.ftruncate(fd, 0)
-    os.lseek(fd, 0, os.SEEK_SET)
-    os.write(fd, json.dumps(me).encode())
-    os.fsync(fd)
+    try:
+      _write_holder(fd, me)
+    except OSError as e:  # e.g. a full disk: the lock is not taken
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(self.path)
+      os.close(fd)
+      raise atomic.not_written(self.path, e) from None
     self._fd = fd
     return self
 

@@ -188,21 +188,21 @@ def save_best(logdir, checkpoint, best):
     The best/ folder.
   """
   target = best_dir(logdir)
-  tmp = atomic.temp_dir_for(target)
-  os.makedirs(tmp)
-  for path in _checkpoint_files(checkpoint):
-    shutil.copy2(path, tmp)
-  run_config = os.path.join(logdir, config.RUN_CONFIG_FILENAME)
-  if os.path.isfile(run_config):
-    shutil.copy2(run_config, tmp)
-  # The state file names it by a relative path: best/ may be moved.
-  name = os.path.basename(checkpoint)
-  tf.train.update_checkpoint_state(tmp, name,
-                                   all_model_checkpoint_paths=[name])
-  with open(os.path.join(tmp, BEST_JSON), 'w') as f:
-    json.dump(best, f, indent=1, sort_keys=True)
-    f.write('\n')
-  return atomic.replace_dir(tmp, target)
+  with atomic.writing_dir(target) as tmp:
+    os.makedirs(tmp)
+    for path in _checkpoint_files(checkpoint):
+      shutil.copy2(path, tmp)
+    run_config = os.path.join(logdir, config.RUN_CONFIG_FILENAME)
+    if os.path.isfile(run_config):
+      shutil.copy2(run_config, tmp)
+    # The state file names it by a relative path: best/ may be moved.
+    name = os.path.basename(checkpoint)
+    tf.train.update_checkpoint_state(tmp, name,
+                                     all_model_checkpoint_paths=[name])
+    with open(os.path.join(tmp, BEST_JSON), 'w') as f:
+      json.dump(best, f, indent=1, sort_keys=True)
+      f.write('\n')
+  return target
 
 
 def recover_best_dir(logdir):

@@ -1,0 +1,83 @@
+"""Writes that fail (a full disk, ...) leave the old output and no temp
+behind, and say which path they could not write (atomic.py); the commands
+report them in one line, exit 1 (cli/app.py, the logdir lock)."""
+import errno
+import json
+import os
+
+import pytest
+
+from deeplab_train import atomic
+from deeplab_train.cli import app
+from deeplab_train.runtime import lock as lock_lib
+
+
+def _full_disk(*_):
+  raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_failed_file_write_names_the_path_and_keeps_the_old_file(tmp_path):
+  path = tmp_path / 'result.json'
+  atomic.write_json(str(path), {'old': 1})
+  with pytest.raises(atomic.OutputNotWrittenError) as error:
+    atomic.write_with(str(path), _full_disk)
+  assert str(error.value) == ('cannot write %s: No space left on device'
+                              % path)
+  assert error.value.errno == errno.ENOSPC
+  assert error.value.filename == str(path)
+  assert json.loads(path.read_text()) == {'old': 1}
+  assert os.listdir(tmp_path) == ['result.json']
+
+
+def test_a_failed_folder_write_removes_its_temp_and_keeps_the_old(tmp_path):
+  folder = tmp_path / 'export'
+  folder.mkdir()
+  (folder / 'old.pb').write_text('old')
+  with pytest.raises(atomic.OutputNotWrittenError) as error:
+    with atomic.writing_dir(str(folder)) as tmp:
+      os.makedirs(tmp)
+      with open(os.path.join(tmp, 'part'), 'w') as f:
+        f.write('partial')
+      _full_disk()
+  assert str(error.value) == ('cannot write %s: No space left on device'
+                              % folder)
+  # Another error is not an output error, and is cleaned up the same way.
+  with pytest.raises(ValueError):
+    with atomic.writing_dir(str(folder)) as tmp:
+      os.makedirs(tmp)
+      raise ValueError('a bug')
+  assert sorted(os.listdir(tmp_path)) == ['export']
+  assert os.listdir(folder) == ['old.pb']
+  # And a block that ends well replaces the folder.
+  with atomic.writing_dir(str(folder)) as tmp:
+    os.makedirs(tmp)
+    (tmp_path / os.path.basename(tmp) / 'new.pb').write_text('new')
+  assert os.listdir(folder) == ['new.pb']
+  assert sorted(os.listdir(tmp_path)) == ['export']
+
+
+def test_a_lock_that_cannot_be_written_is_not_taken(tmp_path, monkeypatch):
+  monkeypatch.setattr(lock_lib, '_write_holder', _full_disk)
+  with pytest.raises(atomic.OutputNotWrittenError) as error:
+    with lock_lib.LogdirLock(str(tmp_path)):
+      pass
+  assert str(error.value) == 'cannot write %s: No space left on device' % (
+      tmp_path / lock_lib.LOCK_FILENAME)
+  assert os.listdir(tmp_path) == []
+  monkeypatch.undo()
+  with lock_lib.LogdirLock(str(tmp_path)):
+    assert os.listdir(tmp_path) == [lock_lib.LOCK_FILENAME]
+
+
+def test_commands_report_an_output_not_written_in_one_line(capsys):
+  def body():
+    raise atomic.OutputNotWrittenError('/out/x.pb', 'No space left on device',
+                                       errno.ENOSPC)
+  assert app.run_body('deeplab-export', ['deeplab-export'], body) == (
+      app.EXIT_UNEXPECTED)
+  out, err = capsys.readouterr()
+  assert err == ('deeplab-export: error: cannot write /out/x.pb: No space '
+                 'left on device\n')
+  assert json.loads(out) == {
+      'event': 'result', 'status': 'error',
+      'message': 'cannot write /out/x.pb: No space left on device'}
