@@ -169,7 +169,7 @@ def options_from_flags():
                    tflite_path=FLAGS.tflite_path,
                    tflite_options=tflite_options,
                    **_calibration_data(tflite_options, saved_dataset,
-                                       resize))
+                                       saved_pre, resize))
 
 
 def _tflite_options():
@@ -194,10 +194,10 @@ def _tflite_options():
       num_calibration_images=FLAGS.num_calibration_images).validate()
 
 
-def _calibration_data(tflite_options, saved_dataset, resize):
+def _calibration_data(tflite_options, saved_dataset, saved_pre, resize):
   """ExportJob's calibration fields (int8 only), checked now: a missing
   --dataset_dir or empty split fails before any conversion. `resize`: the
-  export's resize values (common_flags.resize_values)."""
+  export's resize values (common_flags.resize_values of `saved_pre`)."""
   if tflite_options is None or tflite_options.quantize != 'int8':
     return {}
   from deeplab_train.export import tflite  # pylint: disable=g-import-not-at-top
@@ -206,8 +206,8 @@ def _calibration_data(tflite_options, saved_dataset, resize):
   return {'dataset_dir': FLAGS.dataset_dir,
           'dataset_info': datasets.load_dataset_info(
               common_flags.dataset_name(saved_dataset), FLAGS.dataset_dir),
-          'preprocess_options': config.PreprocessOptions(
-              crop_size=None, **resize).validate()}
+          'preprocess_options': inference_flags.preprocess_options(
+              saved_pre, resize)}
 
 
 def run_export(job):

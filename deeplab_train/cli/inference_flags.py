@@ -91,10 +91,13 @@ def saved_run_config(folder):
   return saved if saved is not None else (None, None, None)
 
 
-def preprocess_options(saved_preprocess):
-  """PreprocessOptions with the (reconciled) resize values; no crop."""
-  return config.PreprocessOptions(
-      crop_size=None, **common_flags.resize_values(saved_preprocess)).validate()
+def preprocess_options(saved_preprocess, resize=None):
+  """PreprocessOptions with the (reconciled) resize values; no crop.
+  `resize`: those values if the caller read them already
+  (common_flags.resize_values of the same `saved_preprocess`)."""
+  if resize is None:
+    resize = common_flags.resize_values(saved_preprocess)
+  return config.PreprocessOptions(crop_size=None, **resize).validate()
 
 
 def check_unsupported(command):

@@ -12,17 +12,20 @@ import tempfile
 from deeplab_train import config
 
 
-def _creation_refused(folder):
-  """The OSError of creating an entry in `folder`, or None if it can be.
+def _write_refusal(folder):
+  """Why no entry can be created in the existing `folder` ('is not
+  writable', or 'refuses new entries (REASON)'), or None if one can.
 
-  Tried for real (an empty folder made and removed at once): the
-  permission bits do not stop root, while a read-only or virtual file
-  system (/proc, /sys) refuses root too.
+  The permission bits first, then tried for real (an empty folder made and
+  removed at once): the bits do not stop root, while a read-only or
+  virtual file system (/proc, /sys) refuses root too.
   """
+  if not os.access(folder, os.W_OK | os.X_OK):
+    return 'is not writable'
   try:
     os.rmdir(tempfile.mkdtemp(prefix='.deeplab-write-check-', dir=folder))
   except OSError as e:
-    return e
+    return 'refuses new entries (%s)' % (e.strerror or e)
   return None
 
 
@@ -35,15 +38,10 @@ def _place_problem(flag_name, path, what):
   if not os.path.isdir(parent):
     return config.ConfigError('--%s=%s is under %s, which is a file: give '
                               + what, flag_name, path, parent)
-  if not os.access(parent, os.W_OK | os.X_OK):
-    return config.ConfigError('--%s=%s cannot be created: %s is not '
-                              'writable; give ' + what, flag_name, path,
-                              parent)
-  refused = _creation_refused(parent)
-  if refused:
-    return config.ConfigError('--%s=%s cannot be created: %s refuses new '
-                              'entries (%s); give ' + what, flag_name, path,
-                              parent, refused.strerror or refused)
+  refusal = _write_refusal(parent)
+  if refusal:
+    return config.ConfigError('--%s=%s cannot be created: %s %s; give '
+                              + what, flag_name, path, parent, refusal)
   return None
 
 
@@ -58,8 +56,7 @@ def check_output_folder(flag_name, path):
   elif not os.path.isdir(path):
     problem = config.ConfigError('--%s=%s is a file, not a folder: give '
                                  + what, flag_name, path)
-  elif (not os.access(path, os.W_OK | os.X_OK)
-        or _creation_refused(path)):
+  elif _write_refusal(path):
     problem = config.ConfigError('--%s=%s is not writable: give ' + what,
                                  flag_name, path)
   else:
@@ -80,12 +77,10 @@ def check_output_file(flag_name, path):
   elif os.path.exists(path):
     # Replaced by rename: the folder must be writable, not the file.
     folder = os.path.dirname(os.path.abspath(path))
-    writable = (os.access(folder, os.W_OK | os.X_OK)
-                and not _creation_refused(folder))
-    problem = (None if writable else
-               config.ConfigError('--%s=%s cannot be replaced: %s is not '
+    problem = (config.ConfigError('--%s=%s cannot be replaced: %s is not '
                                   'writable; give ' + what, flag_name, path,
-                                  folder))
+                                  folder)
+               if _write_refusal(folder) else None)
   else:
     problem = _place_problem(flag_name, path, what)
   if problem:

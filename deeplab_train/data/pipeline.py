@@ -25,6 +25,7 @@ import re
 import tensorflow.compat.v1 as tf
 
 from deeplab_train.config import ConfigError
+from deeplab_train.config import errors
 from deeplab_train.data import datasets
 from deeplab_train.data import preprocess
 from deeplab_train.data import tfrecord
@@ -166,12 +167,8 @@ _DATASET_FUNCTION = re.compile(r'^Error in user-defined function passed to '
 
 
 def _files_named(files):
-  files = list(files or ())
-  if not files:
-    return 'the split\'s TFRecord files'
-  if len(files) <= 2:
-    return ' or '.join(files)
-  return '%s and %d more files' % (files[0], len(files) - 1)
+  return (errors.shortened(files, 2) if files
+          else 'the split\'s TFRecord files')
 
 
 def unparsable_record(files):

@@ -418,8 +418,7 @@ def _write_outputs(eval_logdir, result_json, result, scores, inference):
     path = result_json
     atomic.write_json(result_json, result)
   except (OSError, tf.errors.OpError) as e:
-    reason = getattr(e, 'message', None) or e.strerror or str(e)
-    raise ResultNotWrittenError(path, reason.strip().splitlines()[0],
+    raise ResultNotWrittenError(path, atomic.not_written(path, e).strerror,
                                 result, scores) from e
 
 
