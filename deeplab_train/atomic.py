@@ -9,6 +9,7 @@ writers do not collide.
 import contextlib
 import json
 import os
+import re
 import shutil
 
 
@@ -33,6 +34,16 @@ def not_written(path, error):
             or str(error) or type(error).__name__)
   return OutputNotWrittenError(path, reason.strip().splitlines()[0],
                                getattr(error, 'errno', None))
+
+
+_TEMP_NAME = re.compile(r'^\.(?P<target>.+)\.tmp-\d+(\.old)?$')
+
+
+def temp_target(name):
+  """The file name a temp name (`temp_name`, or the `.old` of
+  `replace_dir`) is written for, else None: '.x.json.tmp-12' -> 'x.json'."""
+  match = _TEMP_NAME.match(os.path.basename(name))
+  return match.group('target') if match else None
 
 
 def _temp_prefix(path):
@@ -107,10 +118,15 @@ def write_bytes(path, data):
   return write_with(path, lambda f: f.write(data))
 
 
+def json_bytes(payload):
+  """`payload` as the indented, key-sorted JSON every written file uses."""
+  return (json.dumps(payload, indent=1, sort_keys=True) + '\n').encode(
+      'utf-8')
+
+
 def write_json(path, payload):
   """Atomically writes `payload` as indented JSON."""
-  text = json.dumps(payload, indent=1, sort_keys=True) + '\n'
-  return write_bytes(path, text.encode('utf-8'))
+  return write_bytes(path, json_bytes(payload))
 
 
 def temp_dir_for(path):

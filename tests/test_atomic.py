@@ -8,6 +8,7 @@ import os
 import pytest
 
 from deeplab_train import atomic
+from deeplab_train import locking
 from deeplab_train.cli import app
 from deeplab_train.runtime import lock as lock_lib
 
@@ -57,7 +58,7 @@ def test_a_failed_folder_write_removes_its_temp_and_keeps_the_old(tmp_path):
 
 
 def test_a_lock_that_cannot_be_written_is_not_taken(tmp_path, monkeypatch):
-  monkeypatch.setattr(lock_lib, '_write_holder', _full_disk)
+  monkeypatch.setattr(locking, '_write_holder', _full_disk)
   with pytest.raises(atomic.OutputNotWrittenError) as error:
     with lock_lib.LogdirLock(str(tmp_path)):
       pass

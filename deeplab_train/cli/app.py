@@ -26,6 +26,7 @@ from absl import flags
 
 from deeplab_train import atomic
 from deeplab_train import config
+from deeplab_train import locking
 from deeplab_train.config import errors
 from deeplab_train.runtime import result as result_lib
 
@@ -34,6 +35,7 @@ FLAGS = flags.FLAGS
 EXIT_OK = result_lib.EXIT_CODES['ok']
 EXIT_UNEXPECTED = result_lib.EXIT_CODES['error']
 EXIT_BAD_INPUT = result_lib.EXIT_CODES['bad_input']
+EXIT_LOCKED = result_lib.EXIT_CODES['locked']
 
 
 def bad_input_errors():
@@ -141,8 +143,10 @@ def run_body(command, argv, body, bad_input=None, flag_names=None):
     flag_names: the command's field -> flag names (see `flag_namer`).
 
   Returns:
-    EXIT_OK, EXIT_BAD_INPUT (one line on stderr) or EXIT_UNEXPECTED
-    (anything else, logged with its traceback).
+    EXIT_OK, EXIT_BAD_INPUT (one line on stderr), EXIT_LOCKED (another
+    live process holds the lock of the output folder: one line) or
+    EXIT_UNEXPECTED (anything else, logged with its traceback; one line for
+    an output that could not be written).
   """
   try:
     check_no_positional(command, argv)
@@ -150,11 +154,14 @@ def run_body(command, argv, body, bad_input=None, flag_names=None):
   except Reported as e:
     return e.exit_code
   except Exception as e:  # pylint: disable=broad-except
-    if isinstance(e, atomic.OutputNotWrittenError):
-      # Not the input's fault nor a bug (a full disk, ...): one line, exit 1.
+    status = ('error' if isinstance(e, atomic.OutputNotWrittenError) else
+              'locked' if isinstance(e, locking.FolderLockedError) else None)
+    if status:
+      # Neither the input's fault nor a bug (a full disk, another live
+      # writer of the output folder): one line.
       sys.stderr.write('%s: error: %s\n' % (command, e))
-      print_result('error', message=str(e))
-      return EXIT_UNEXPECTED
+      print_result(status, message=str(e))
+      return result_lib.EXIT_CODES[status]
     # Classified after the fact: see bad_input_errors.
     if isinstance(e, bad_input or bad_input_errors()):
       message = user_message(e, flag_names)

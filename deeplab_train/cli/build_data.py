@@ -31,8 +31,13 @@ pixels per class and of the ignore label), which are printed as a table,
 with warnings for a class missing from a training split, a class under
 0.1 % of the labelled pixels and ignore over 30 % of the pixels
 (deeplab-stats prints the same for existing TFRecords).
-Exit status: 0 done, 2 bad input (one-line message on stderr), 1 anything
-else; the last line on stdout is a JSON result line.
+One build at a time runs on an --output_dir: it holds the folder's lock.
+A build killed while renaming its finished files into place is finished by
+the next build on that folder (the other commands refuse the folder until
+then).
+Exit status: 0 done, 2 bad input (one-line message on stderr), 75 another
+deeplab-build-data is converting into --output_dir (one line naming its
+pid), 1 anything else; the last line on stdout is a JSON result line.
 """
 import dataclasses
 import logging

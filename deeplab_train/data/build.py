@@ -11,6 +11,11 @@ The conversion behind deeplab-build-data, in four modules:
 A build is all or nothing: every split's shards and the new dataset.json are
 written under hidden temp names, and renamed into place only when all are
 complete, so a bad file or a full disk leaves the previous build as it was.
+The renames follow a journal written first (tfrecord.SWITCH_JOURNAL), so a
+build killed half-way through them is finished by the next build, and
+readers refuse the folder until then (pipeline.split_files). One build at a
+time runs on a folder: it holds the folder's lock (locking.py), under which
+it also removes the temp files that killed builds left.
 dataset.json keeps the union of the splits converted into one folder, and
 each split's statistics (images, size range, pixels per class and of the
 ignore label: data/stats.py), counted from the label arrays the conversion
@@ -23,7 +28,9 @@ import os
 import threading
 
 from deeplab_train import atomic
+from deeplab_train import locking
 from deeplab_train.config import ConfigError
+from deeplab_train.config import serialize
 from deeplab_train.data import build_examples
 from deeplab_train.data import build_inputs
 from deeplab_train.data import build_options
@@ -37,6 +44,8 @@ _log = logging.getLogger(__name__)
 BuildOptions = build_options.BuildOptions
 DataError = build_options.DataError
 Entry = build_inputs.Entry
+
+LOCK_FILENAME = '.deeplab-build-data.lock'
 
 
 def _write_failure(output_dir, error):
@@ -121,18 +130,82 @@ def _remove(paths):
       os.remove(path)
 
 
-def _switch(written, splits):
-  """Renames every written shard into place, then removes the shards of
-  the same splits that the new build did not write (another shard count)."""
-  for temp, final in written:
-    os.replace(temp, final)
+def _stale_shards(written, splits):
+  """The shards of `splits` ([(folder, split)]) already in place that the
+  new build did not write (it has another shard count)."""
   keep = {final for _, final in written}
+  stale = []
   for output_dir, split in splits:
     for path in tfrecord.list_split_files(output_dir, split):
       parsed = tfrecord.parse_shard_filename(path)
       if parsed and parsed[0] == split and path not in keep:
-        _log.info('removing stale shard %s', path)
-        os.remove(path)
+        stale.append(path)
+  return stale
+
+
+def _switch(output_dir, written, stale):
+  """Renames every written file into place, then removes the stale
+  shards, following a journal written first and removed last, so that a
+  build killed in between is finished by the next one (_finish_killed)."""
+  plan = {'renames': [[os.path.basename(temp), os.path.basename(final)]
+                      for temp, final in written],
+          'remove': [os.path.basename(path) for path in stale]}
+  journal = os.path.join(output_dir, tfrecord.SWITCH_JOURNAL)
+  try:
+    atomic.write_json(journal, plan)
+  except OSError as e:
+    _remove([temp for temp, _ in written])
+    raise _write_failure(output_dir, e) from None
+  try:
+    _follow(output_dir, plan['renames'], plan['remove'])
+    os.remove(journal)
+  except OSError as e:
+    raise atomic.OutputNotWrittenError(
+        output_dir, '%s, while renaming the new build into place; the next '
+        'deeplab-build-data on this folder finishes that'
+        % atomic.not_written(output_dir, e).strerror, e.errno) from None
+
+
+def _follow(output_dir, renames, remove):
+  """Carries out a switch plan; what is already done is skipped."""
+  for temp, final in renames:
+    temp = os.path.join(output_dir, temp)
+    if os.path.exists(temp):
+      os.replace(temp, os.path.join(output_dir, final))
+  for name in remove:
+    path = os.path.join(output_dir, name)
+    if os.path.exists(path):
+      _log.info('removing stale shard %s', path)
+      os.remove(path)
+
+
+_NOT_A_PLAN = ('%s is not a switch plan deeplab-build-data wrote (%s); the '
+               'records beside it may mix two builds: delete the folder\'s '
+               'TFRecords, dataset.json and this file, then convert again')
+
+
+def _finish_killed(output_dir):
+  """Finishes the switch of a build killed half-way through it, then
+  removes the temp files killed builds left. Call under the folder's lock.
+  """
+  journal = tfrecord.unfinished_switch(output_dir)
+  if journal:
+    plan = serialize.read_json_file(journal, _NOT_A_PLAN)
+    try:
+      renames = [(str(temp), str(final)) for temp, final in plan['renames']]
+      remove = [str(name) for name in plan['remove']]
+    except (ValueError, KeyError, TypeError) as e:
+      raise ConfigError(_NOT_A_PLAN, journal, 'no list of %s' % e) from None
+    _log.warning('finishing the build a killed deeplab-build-data left '
+                 'half-switched in %s', output_dir)
+    _follow(output_dir, renames, remove)
+    os.remove(journal)
+  for name in sorted(os.listdir(output_dir)):
+    target = atomic.temp_target(name)
+    if target in (datasets.DATASET_JSON, tfrecord.SWITCH_JOURNAL) or (
+        target and tfrecord.parse_shard_filename(target)):
+      _log.info('removing %s, left by a killed deeplab-build-data', name)
+      os.remove(os.path.join(output_dir, name))
 
 
 # ---------------------------------------------------------------------------
@@ -188,11 +261,17 @@ def convert(splits_to_entries, output_dir, options):
     ConfigError / DataError: bad options or input files.
   """
   options.validate()
-  json_path = os.path.join(output_dir, datasets.DATASET_JSON)
-  existing = (datasets.read_dataset_json(output_dir)
-              if os.path.isdir(output_dir) else None)
-  _check_existing(existing, options, json_path)
   os.makedirs(output_dir, exist_ok=True)
+  with locking.FolderLock(output_dir, LOCK_FILENAME, 'deeplab-build-data',
+                          'deeplab-build-data on this folder'):
+    _finish_killed(output_dir)
+    return _convert_locked(splits_to_entries, output_dir, options)
+
+
+def _convert_locked(splits_to_entries, output_dir, options):
+  json_path = os.path.join(output_dir, datasets.DATASET_JSON)
+  existing = datasets.read_dataset_json(output_dir)
+  _check_existing(existing, options, json_path)
   # All or nothing: every split is written under temp names first; the old
   # build (shards and dataset.json) stays as it was until all of them and
   # the new dataset.json are complete, then everything is renamed in.
@@ -209,14 +288,20 @@ def convert(splits_to_entries, output_dir, options):
       sizes[split] = len(entries)
     info = dataset_info_for(options, sizes, existing, counted)
     info.validate(json_path)
-    with atomic.writing(json_path) as temp_json:
-      try:
-        atomic.write_json(temp_json, info.to_dict())
-      except OSError as e:
-        raise _write_failure(output_dir, e) from None
-      _switch(written, [(output_dir, split) for split in sizes])
-  finally:
+    # dataset.json is renamed in last.
+    written.append((atomic.temp_name(json_path), json_path))
+    try:
+      with open(written[-1][0], 'wb') as f:
+        f.write(atomic.json_bytes(info.to_dict()))
+        f.flush()
+        os.fsync(f.fileno())
+    except OSError as e:
+      raise _write_failure(output_dir, e) from None
+  except BaseException:
     _remove([temp for temp, _ in written])
+    raise
+  _switch(output_dir, written, _stale_shards(
+      written, [(output_dir, split) for split in sizes]))
   return info
 
 

@@ -75,12 +75,21 @@ def split_files(dataset_dir, split):
   """The TFRecord files of `split`, checked to be present and non-empty.
 
   Raises:
-    ConfigError: missing folder, no `{split}-*` files, only empty files, or
-      an incomplete shard set.
+    ConfigError: missing folder, a build stopped half-way through renaming
+      its files into it, no `{split}-*` files, only empty files, or an
+      incomplete shard set.
   """
   if not dataset_dir or not os.path.isdir(dataset_dir):
     raise ConfigError('{split_files.dataset_dir}=%s is not a folder',
                       dataset_dir)
+  journal = tfrecord.unfinished_switch(dataset_dir)
+  if journal:
+    raise ConfigError(
+        '%s holds a half-switched build: a deeplab-build-data run stopped '
+        'while renaming its new records into place (%s is left), so its '
+        'splits may mix two builds; run deeplab-build-data with this '
+        'output folder again: it finishes that build first', dataset_dir,
+        journal)
   files = tfrecord.list_split_files(dataset_dir, split)
   if not files:
     present = _splits_present(dataset_dir)

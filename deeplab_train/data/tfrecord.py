@@ -52,6 +52,19 @@ def parse_shard_filename(filename):
   return m.group('split'), int(m.group('index')), int(m.group('total'))
 
 
+# Left in a TFRecord folder while deeplab-build-data renames a finished
+# build into place (data/build.py): its presence means a build stopped
+# half-way through that, which the next build finishes.
+SWITCH_JOURNAL = '.deeplab-build-data.switch.json'
+
+
+def unfinished_switch(dataset_dir):
+  """The switch journal's path when a build stopped while renaming its
+  files into `dataset_dir` (its shards may mix two builds), else None."""
+  path = os.path.join(dataset_dir, SWITCH_JOURNAL)
+  return path if os.path.exists(path) else None
+
+
 def list_split_files(dataset_dir, split):
   """The shard files of `split` in `dataset_dir`, sorted.
 
