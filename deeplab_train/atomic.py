@@ -7,6 +7,8 @@ output. The temp name is hidden and carries the pid, so concurrent
 writers do not collide.
 """
 import contextlib
+import ctypes
+import errno
 import json
 import os
 import re
@@ -154,16 +156,41 @@ def writing_dir(path):
   replace_dir(tmp, path)
 
 
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a, b):
+  """Swaps the paths `a` and `b` in one step (Linux's renameat2 with
+  RENAME_EXCHANGE); False where the C library or the file system cannot.
+  """
+  renameat2 = getattr(ctypes.CDLL(None, use_errno=True), 'renameat2', None)
+  if renameat2 is None:
+    return False
+  if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b),
+               _RENAME_EXCHANGE) == 0:
+    return True
+  error = ctypes.get_errno()
+  if error in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+    return False
+  raise OSError(error, os.strerror(error), b)
+
+
 def replace_dir(tmp, path):
   """Moves the finished directory `tmp` to `path`, replacing what was there.
 
   A rename cannot replace a non-empty directory, so an existing `path` is
-  first renamed aside and deleted only once the new one is in place.
+  swapped with `tmp` in one step where the system can (Linux), else first
+  renamed aside (a kill before the second rename leaves no `path`:
+  `finish_replace_dir`); the old one is deleted once the new is in place.
   """
   if os.path.lexists(path):
-    old = temp_name(path) + '.old'
-    os.rename(path, old)
-    os.rename(tmp, path)
+    if _exchange(tmp, path):
+      old = tmp
+    else:
+      old = temp_name(path) + '.old'
+      os.rename(path, old)
+      os.rename(tmp, path)
     if os.path.isdir(old) and not os.path.islink(old):
       shutil.rmtree(old)
     else:

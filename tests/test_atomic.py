@@ -82,3 +82,43 @@ def test_commands_report_an_output_not_written_in_one_line(capsys):
   assert json.loads(out) == {
       'event': 'result', 'status': 'error',
       'message': 'cannot write /out/x.pb: No space left on device'}
+
+
+def _can_exchange(folder):
+  a, b = folder / 'a', folder / 'b'
+  a.mkdir()
+  b.mkdir()
+  try:
+    return atomic._exchange(str(a), str(b))
+  finally:
+    os.rmdir(a)
+    os.rmdir(b)
+
+
+def test_a_folder_is_replaced_without_a_moment_missing(tmp_path, monkeypatch):
+  """Where the system swaps two paths in one step (Linux file systems that
+  support renameat2's RENAME_EXCHANGE, e.g. ext4, xfs, tmpfs), a kill at
+  any moment of replace_dir leaves the old folder or the new one at the
+  path, never none: the two renames of the fallback are not used."""
+  folder = tmp_path / 'export'
+  folder.mkdir()
+  (folder / 'old.pb').write_text('old')
+  exchange = _can_exchange(tmp_path)
+  if exchange:
+    def killed(*_):
+      raise AssertionError('a rename that leaves the path missing')
+    monkeypatch.setattr(os, 'rename', killed)
+  with atomic.writing_dir(str(folder)) as tmp:
+    os.makedirs(tmp)
+    (tmp_path / os.path.basename(tmp) / 'new.pb').write_text('new')
+  assert os.listdir(folder) == ['new.pb']
+  assert sorted(os.listdir(tmp_path)) == ['export']
+  # A system without it (the fallback) swaps through two renames.
+  monkeypatch.undo()
+  monkeypatch.setattr(atomic, '_exchange', lambda a, b: False)
+  with atomic.writing_dir(str(folder)) as tmp:
+    os.makedirs(tmp)
+    (tmp_path / os.path.basename(tmp) / 'newer.pb').write_text('newer')
+  assert os.listdir(folder) == ['newer.pb']
+  assert sorted(os.listdir(tmp_path)) == ['export']
+  assert exchange == (os.uname().sysname == 'Linux')
