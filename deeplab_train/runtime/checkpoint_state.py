@@ -14,6 +14,7 @@ import glob
 import logging
 import os
 import re
+import shutil
 
 import tensorflow.compat.v1 as tf
 
@@ -57,6 +58,46 @@ def readable(prefix):
     # less bytes than requested") depending on where the data stops.
     return False
   return True
+
+
+# TensorFlow's temp name of a file it writes and renames (the state file,
+# a checkpoint's .meta): the name + '.tmp' + a uuid4's hex.
+_TF_TEMP = re.compile(r'\.tmp[0-9a-f]{32}$')
+
+
+def remove_killed_saves(logdir, basename='model.ckpt'):
+  """Removes what saves killed half-way left in `logdir`: TensorFlow's temp
+  files of the state file and of checkpoint files, the saver's `_temp`
+  folders, and the files of checkpoints that have no index (never
+  complete). Call with the logdir lock held, before resuming: no save is
+  running then.
+
+  Returns:
+    The removed names, sorted.
+  """
+  if not os.path.isdir(logdir):
+    return []
+  own = re.compile(r'^%s-\d+(?P<rest>_temp|\..+)$' % re.escape(basename))
+  removed = []
+  for entry in sorted(os.listdir(logdir)):
+    path = os.path.join(logdir, entry)
+    match = own.match(entry)
+    if match:
+      prefix = path[:len(path) - len(match.group('rest'))]
+      if not (match.group('rest') == '_temp' or _TF_TEMP.search(entry) or
+              not os.path.exists(prefix + '.index')):
+        continue
+    elif not (entry.startswith('checkpoint.tmp') and _TF_TEMP.search(entry)):
+      continue
+    if os.path.isdir(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      os.remove(path)
+    removed.append(entry)
+  if removed:
+    logging.info('removed %d files that killed saves left in %s: %s',
+                 len(removed), logdir, ', '.join(removed))
+  return removed
 
 
 def repair(logdir, basename='model.ckpt'):

@@ -181,7 +181,9 @@ class CheckpointHook(tf.train.SessionRunHook):
 
   The Saver writes each file under a temporary name and renames it, and
   updates the `checkpoint` state file the same way, so a killed run never
-  leaves a half-written latest checkpoint.
+  leaves a half-written latest checkpoint. The meta graph is written before
+  the checkpoint (the Saver's own order writes it after the state file), so
+  the state file never names a checkpoint without its .meta.
   """
 
   def __init__(self, saver, logdir, global_step, step_after, save_secs=None,
@@ -245,8 +247,10 @@ class CheckpointHook(tf.train.SessionRunHook):
   def _save(self, session, step):
     path = '%s-%d' % (self._prefix, step)
     try:
-      self.last_checkpoint = self._saver.save(session, self._prefix,
-                                              global_step=step)
+      with session.graph.as_default():
+        self._saver.export_meta_graph(path + '.meta')
+      self.last_checkpoint = self._saver.save(
+          session, self._prefix, global_step=step, write_meta_graph=False)
     except (tf.errors.OpError, OSError) as e:
       if path != self.last_checkpoint:  # never a complete one
         remove_partial_checkpoint(path)

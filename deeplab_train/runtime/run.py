@@ -492,6 +492,7 @@ def _check_cluster_run(run_options):
 def _starting_point(train_options, run_options):
   """(latest logdir checkpoint or None, its step, init checkpoint or None)."""
   logdir = run_options.train_logdir
+  checkpoint_state.remove_killed_saves(logdir)
   # Never start over on top of checkpoints whose state file was lost.
   latest = checkpoint_state.repair(logdir)
   step = checkpoint_step(latest) if latest else 0
