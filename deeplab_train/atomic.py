@@ -3,8 +3,9 @@
 Used for the files the commands write besides TFRecords and checkpoints
 (the saved run config, dataset.json, JSON results, PNGs, frozen graphs,
 SavedModel directories), so a reader or a killed run never sees a partial
-output. The temp name is hidden and carries the pid, so concurrent
-writers do not collide.
+output. The temp name is hidden and carries the pid and host, so
+concurrent writers do not collide, and the temps of writers that were
+killed (their process is gone) are removed by the next write of the path.
 """
 import contextlib
 import ctypes
@@ -13,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import socket
 
 
 class OutputNotWrittenError(OSError):
@@ -38,14 +40,37 @@ def not_written(path, error):
                                getattr(error, 'errno', None))
 
 
-_TEMP_NAME = re.compile(r'^\.(?P<target>.+)\.tmp-\d+(\.old)?$')
+# '.NAME.tmp-PID@HOST', '.old' added to a folder put aside by replace_dir
+# (before 2026-12-06: no '@HOST').
+_TEMP_NAME = re.compile(r'^\.(?P<target>.+)\.tmp-(?P<pid>\d+)'
+                        r'(@(?P<host>[^@/]+?))?(\.old)?$')
+_HOST = socket.gethostname()
 
 
 def temp_target(name):
   """The file name a temp name (`temp_name`, or the `.old` of
-  `replace_dir`) is written for, else None: '.x.json.tmp-12' -> 'x.json'."""
+  `replace_dir`) is written for, else None: '.x.json.tmp-12@h' -> 'x.json'.
+  """
   match = _TEMP_NAME.match(os.path.basename(name))
   return match.group('target') if match else None
+
+
+def process_alive(pid):
+  """Whether a process `pid` runs on this host (True when that cannot be
+  told: another user's process, a pid that is not a number)."""
+  try:
+    os.kill(int(pid), 0)
+  except ProcessLookupError:
+    return False
+  except (PermissionError, ValueError, TypeError, OverflowError):
+    return True
+  return True
+
+
+def _left_by_a_dead_process(name):
+  match = _TEMP_NAME.match(os.path.basename(name))
+  return bool(match and match.group('host') in (None, _HOST)
+              and not process_alive(match.group('pid')))
 
 
 def _temp_prefix(path):
@@ -55,9 +80,10 @@ def _temp_prefix(path):
 
 
 def temp_name(path):
-  """The hidden temp name of `path` in its folder (with this pid)."""
+  """The hidden temp name of `path` in its folder (with this pid and
+  host)."""
   folder, prefix = _temp_prefix(path)
-  return os.path.join(folder, '%s%d' % (prefix, os.getpid()))
+  return os.path.join(folder, '%s%d@%s' % (prefix, os.getpid(), _HOST))
 
 
 def leftover_temps(path):
@@ -70,14 +96,22 @@ def leftover_temps(path):
           if entry.startswith(prefix)]
 
 
-def remove_leftover_temps(path):
+def remove_leftover_temps(path, dead_only=False):
   """Removes `leftover_temps(path)`. Call only when no writer of `path`
-  is running (e.g. under the lock of its folder)."""
+  is running (e.g. under the lock of its folder), or with `dead_only`:
+  then only those of processes of this host that are gone, and none while
+  `path` is missing (a killed `replace_dir` left the folder it replaces
+  and its replacement under temp names: `finish_replace_dir`)."""
+  if dead_only and not os.path.lexists(path):
+    return
   for leftover in leftover_temps(path):
+    if dead_only and not _left_by_a_dead_process(leftover):
+      continue
     if os.path.isdir(leftover) and not os.path.islink(leftover):
       shutil.rmtree(leftover, ignore_errors=True)
     else:
-      os.remove(leftover)
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(leftover)
 
 
 @contextlib.contextmanager
@@ -85,9 +119,11 @@ def writing(path):
   """Yields a temp path to write `path` under; renames it into place when
   the block ends without an error, removes it in any case.
 
-  For writers that want a file name (e.g. a TFRecordWriter).
+  For writers that want a file name (e.g. a TFRecordWriter). The temps
+  that killed writers of `path` left are removed first.
   """
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  remove_leftover_temps(path, dead_only=True)
   tmp = temp_name(path)
   try:
     yield tmp
@@ -132,7 +168,9 @@ def write_json(path, payload):
 
 
 def temp_dir_for(path):
-  """A fresh temp directory beside `path`, to be passed to `replace_dir`."""
+  """A fresh temp directory beside `path`, to be passed to `replace_dir`
+  (the temps that killed writers of `path` left are removed first)."""
+  remove_leftover_temps(path, dead_only=True)
   tmp = temp_name(path)
   if os.path.exists(tmp):
     shutil.rmtree(tmp)

@@ -52,16 +52,6 @@ def _write_holder(fd, holder):
   os.fsync(fd)
 
 
-def _pid_alive(pid):
-  try:
-    os.kill(int(pid), 0)
-  except ProcessLookupError:
-    return False
-  except (PermissionError, ValueError, TypeError):
-    return True
-  return True
-
-
 class FolderLock:
   """Context manager holding the lock file `filename` of `folder`.
 
@@ -110,7 +100,7 @@ class FolderLock:
           'Taking over the stale lock %s of pid %s on host %s: that run ended '
           'without releasing it (the process is %s)', self.path,
           previous.get('pid', '?'), previous.get('host', '?'),
-          'gone' if not _pid_alive(previous.get('pid'))
+          'gone' if not atomic.process_alive(previous.get('pid'))
           else 'not a %s holding the lock' % self._command)
     me = {'pid': os.getpid(), 'host': socket.gethostname(),
           'started': time.strftime('%Y-%m-%dT%H:%M:%S%z')}

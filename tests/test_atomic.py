@@ -4,6 +4,9 @@ report them in one line, exit 1 (cli/app.py, the logdir lock)."""
 import errno
 import json
 import os
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -122,3 +125,53 @@ def test_a_folder_is_replaced_without_a_moment_missing(tmp_path, monkeypatch):
   assert os.listdir(folder) == ['newer.pb']
   assert sorted(os.listdir(tmp_path)) == ['export']
   assert exchange == (os.uname().sysname == 'Linux')
+
+
+def _dead_pid():
+  process = subprocess.Popen([sys.executable, '-c', 'pass'])
+  process.wait()
+  return process.pid
+
+
+def test_temps_of_killed_writers_are_removed_by_the_next_write(tmp_path):
+  """A killed writer leaves its temp (a partial .pb, a SavedModel folder);
+  the next write of that path removes those of processes of this host that
+  are gone, and leaves a live writer's and another host's alone."""
+  host = socket.gethostname()
+  dead = _dead_pid()
+  model = tmp_path / 'model.pb'
+  model.write_bytes(b'old')
+  dead_temps = ['.model.pb.tmp-%d@%s' % (dead, host),
+                '.model.pb.tmp-%d' % dead]  # named before the host was added
+  live_temps = ['.model.pb.tmp-%d@%s' % (os.getppid(), host),
+                '.model.pb.tmp-%d@another-host' % dead,
+                '.other.pb.tmp-%d@%s' % (dead, host)]
+  for name in dead_temps + live_temps:
+    (tmp_path / name).write_bytes(b'partial')
+  atomic.write_bytes(str(model), b'new')
+  assert sorted(os.listdir(tmp_path)) == sorted(['model.pb'] + live_temps)
+  # A SavedModel-like folder: a killed writer's temp folder goes too.
+  saved = tmp_path / 'saved'
+  saved.mkdir()
+  (tmp_path / ('.saved.tmp-%d@%s' % (dead, host))).mkdir()
+  (tmp_path / ('.saved.tmp-%d@%s' % (dead, host)) / 'variables').mkdir()
+  with atomic.writing_dir(str(saved)) as tmp:
+    os.makedirs(tmp)
+  assert not [n for n in os.listdir(tmp_path) if n.startswith('.saved')]
+  # While the path is missing, what a killed replace_dir put aside is kept
+  # for atomic.finish_replace_dir.
+  aside = tmp_path / ('.gone.tmp-%d@%s.old' % (dead, host))
+  aside.mkdir()
+  with atomic.writing_dir(str(tmp_path / 'gone')) as tmp:
+    os.makedirs(tmp)
+  assert aside.is_dir()
+
+
+def test_temp_names_carry_pid_and_host_and_name_their_target(tmp_path):
+  name = os.path.basename(atomic.temp_name(str(tmp_path / 'x.json')))
+  assert name == '.x.json.tmp-%d@%s' % (os.getpid(), socket.gethostname())
+  assert atomic.temp_target(name) == 'x.json'
+  assert atomic.temp_target(name + '.old') == 'x.json'
+  assert atomic.temp_target('.x.json.tmp-12') == 'x.json'
+  assert atomic.temp_target('x.json') is None
+  assert atomic.temp_target('.x.json.tmp-abc') is None
