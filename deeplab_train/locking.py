@@ -29,7 +29,7 @@ class FolderLockedError(RuntimeError):
     super().__init__(
         '%s is locked by a running %s (pid %s on host %s, since %s); wait for'
         ' it or stop it (kill %s) before starting another %s'
-        % (os.path.dirname(path), command, pid, host,
+        % (os.path.dirname(path), holder.get('command', command), pid, host,
            holder.get('started', '?'), pid, another))
     self.path = path
     self.holder = holder
@@ -58,7 +58,8 @@ class FolderLock:
   Args:
     folder: an existing folder.
     filename: the lock file's name in it; another name is another lock.
-    command: the command taking it, named in messages (the holder is one).
+    command: the command taking it, named in messages (the lock file
+      records it for the other commands taking the same lock).
     another: what a second holder would be, for the message telling it to
       wait ('deeplab-build-data on this folder').
 
@@ -75,7 +76,10 @@ class FolderLock:
   def acquire(self):
     """Takes the lock or raises FolderLockedError (never waits)."""
     while True:
-      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      except OSError as e:  # e.g. a read-only folder
+        raise atomic.not_written(self.path, e) from None
       try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
       except OSError as e:
@@ -103,6 +107,7 @@ class FolderLock:
           'gone' if not atomic.process_alive(previous.get('pid'))
           else 'not a %s holding the lock' % self._command)
     me = {'pid': os.getpid(), 'host': socket.gethostname(),
+          'command': self._command,
           'started': time.strftime('%Y-%m-%dT%H:%M:%S%z')}
     try:
       _write_holder(fd, me)

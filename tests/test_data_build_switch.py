@@ -42,8 +42,7 @@ def _contents(folder):
 
 
 def _hold_lock(out):
-  return locking.FolderLock(out, build.LOCK_FILENAME, 'deeplab-build-data',
-                            'deeplab-build-data on this folder')
+  return build.folder_lock(out)
 
 
 def test_a_second_build_on_a_locked_folder_is_refused(tmp_path):
@@ -58,8 +57,9 @@ def test_a_second_build_on_a_locked_folder_is_refused(tmp_path):
     message = str(error.value)
     assert message.startswith('%s is locked by a running deeplab-build-data '
                               '(pid %d on host ' % (out, os.getpid()))
-    assert message.endswith('before starting another deeplab-build-data on '
-                            'this folder')
+    assert message.endswith('before starting another deeplab-build-data or '
+                            'deeplab-stats --write_dataset_json on this '
+                            'folder')
     assert {k: v for k, v in _contents(out).items()
             if k != build.LOCK_FILENAME} == before
 

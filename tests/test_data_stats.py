@@ -452,3 +452,48 @@ def test_train_without_statistics_exits_2_naming_the_flag(built, tmp_path):
   assert result['message'].startswith('--label_weights=auto needs the pixel '
                                       "counts of split 'train'")
   assert 'deeplab-stats' in result['message']
+
+
+def test_write_dataset_json_waits_for_no_build_and_loses_none(tmp_path,
+                                                              monkeypatch):
+  """--write_dataset_json rewrites dataset.json from what it read before
+  counting: with a deeplab-build-data on the folder it exits 75, and if a
+  build changed the records or dataset.json while it counted (here a val
+  split added), it writes nothing instead of dropping the build's split."""
+  folders = common.write_voc_folder(
+      str(tmp_path / 'voc'), {'train': _pairs(6, 3, 'tr'),
+                              'val': _pairs(7, 2, 'va')})
+  out = str(tmp_path / 'out')
+  build.build_voc(*folders, out, OPTIONS, image_format='png',
+                  split_name='train')
+  args = ['--dataset_dir=%s' % out, '--write_dataset_json']
+  with build.folder_lock(out):
+    code, _, result = _run_stats(args)
+  assert (code, result['status']) == (75, 'locked')
+  assert result['message'].startswith(
+      '%s is locked by a running deeplab-build-data (pid %d' % (
+          out, os.getpid()))
+  count = stats_cli.count
+
+  def build_meanwhile(job):
+    counted = count(job)
+    build.build_voc(*folders, out, OPTIONS, image_format='png',
+                    split_name='val')
+    return counted
+  monkeypatch.setattr(stats_cli, 'count', build_meanwhile)
+  code, _, result = _run_stats(args)
+  assert (code, result['status']) == (2, 'bad_input')
+  assert result['message'] == (
+      "the records of split 'train' or dataset.json in %s changed while they "
+      'were counted (a deeplab-build-data wrote them); nothing was written: '
+      'run deeplab-stats again' % out)
+  assert datasets.read_dataset_json(out).splits_to_sizes == {'train': 3,
+                                                             'val': 2}
+  monkeypatch.undo()
+  # Nothing changed meanwhile: written, the lock file gone.
+  code, _, result = _run_stats(args)
+  assert code == 0 and result['dataset_json'] == os.path.join(
+      out, 'dataset.json')
+  assert datasets.read_dataset_json(out).splits_to_sizes == {'train': 3,
+                                                             'val': 2}
+  assert build.LOCK_FILENAME not in os.listdir(out)

@@ -20,11 +20,18 @@ by the original DeepLab.
 The other commands' flags (--model_variant, --master, ...) are refused:
 this command reads none of them.
 
-Exit status: 0 done, 2 bad input (one-line message on stderr), 1 anything
-else; the last line on stdout is a JSON result line.
+With --write_dataset_json it holds the folder's lock, as deeplab-build-data
+does, and writes nothing if a build changed the split's records or
+dataset.json while they were counted (bad input: run it again).
+
+Exit status: 0 done, 2 bad input (one-line message on stderr), 75 a
+deeplab-build-data is writing --dataset_dir (with --write_dataset_json;
+one line naming its pid), 1 anything else; the last line on stdout is a
+JSON result line.
 """
 import dataclasses
 import logging
+import os
 from typing import Tuple
 
 from absl import flags
@@ -65,6 +72,24 @@ class StatsJob:
   files: Tuple[str, ...]
   dataset_info: datasets.DatasetInfo
   write_dataset_json: bool = False
+  # The split's files and dataset.json as listed (name, size, mtime):
+  # dataset.json is written only if a build did not change them since.
+  listed: Tuple[Tuple[str, int, int], ...] = ()
+
+
+def _listed(dataset_dir, split):
+  """(path, size, mtime in ns) of the split's files and dataset.json."""
+  from deeplab_train.data import tfrecord  # pylint: disable=g-import-not-at-top
+  paths = tfrecord.list_split_files(dataset_dir, split) + [
+      os.path.join(dataset_dir, datasets.DATASET_JSON)]
+  out = []
+  for path in paths:
+    try:
+      info = os.stat(path)
+    except FileNotFoundError:
+      continue
+    out.append((path, info.st_size, info.st_mtime_ns))
+  return tuple(out)
 
 
 def options_from_flags():
@@ -78,10 +103,11 @@ def options_from_flags():
   common_flags.require(FLAGS.dataset_dir, 'dataset_dir',
                        ': the folder of the TFRecords')
   from deeplab_train.data import pipeline  # pylint: disable=g-import-not-at-top
+  listed = _listed(FLAGS.dataset_dir, FLAGS.split)
   files = pipeline.split_files(FLAGS.dataset_dir, FLAGS.split)
   return StatsJob(dataset_dir=FLAGS.dataset_dir, split=FLAGS.split,
                   files=tuple(files), dataset_info=_dataset_info(),
-                  write_dataset_json=FLAGS.write_dataset_json)
+                  write_dataset_json=FLAGS.write_dataset_json, listed=listed)
 
 
 def _refuse_other_commands_flags():
@@ -128,9 +154,25 @@ def count(job):
 
 
 def record(job, counted):
-  """Writes `counted` into the job's dataset.json; returns its path."""
-  info = job.dataset_info.with_statistics(job.split, counted)
-  return datasets.write_dataset_json(job.dataset_dir, info)
+  """Writes `counted` into the job's dataset.json; returns its path.
+
+  Holds the lock of the folder's writers (data/build.py), and writes only
+  if a deeplab-build-data did not change the split's files or dataset.json
+  while they were counted (their statistics or splits would be lost).
+
+  Raises:
+    ConfigError: they changed.
+    locking.FolderLockedError: a deeplab-build-data is writing the folder.
+  """
+  from deeplab_train.data import build  # pylint: disable=g-import-not-at-top
+  with build.folder_lock(job.dataset_dir, COMMAND):
+    if _listed(job.dataset_dir, job.split) != job.listed:
+      raise ConfigError(
+          'the records of split %r or dataset.json in %s changed while they '
+          'were counted (a deeplab-build-data wrote them); nothing was '
+          'written: run %s again', job.split, job.dataset_dir, COMMAND)
+    info = job.dataset_info.with_statistics(job.split, counted)
+    return datasets.write_dataset_json(job.dataset_dir, info)
 
 
 def _stats():

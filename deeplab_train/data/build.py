@@ -48,6 +48,14 @@ Entry = build_inputs.Entry
 LOCK_FILENAME = '.deeplab-build-data.lock'
 
 
+def folder_lock(output_dir, command='deeplab-build-data'):
+  """The lock of a TFRecord folder's writers (a build, deeplab-stats
+  writing dataset.json): a locking.FolderLock to hold while writing."""
+  return locking.FolderLock(
+      output_dir, LOCK_FILENAME, command, 'deeplab-build-data or deeplab-stats '
+      '--write_dataset_json on this folder')
+
+
 def _write_failure(output_dir, error):
   """atomic.OutputNotWrittenError of the build's folder, for an OSError or
   TensorFlow OpError while writing its temp files: nothing of this build
@@ -262,8 +270,7 @@ def convert(splits_to_entries, output_dir, options):
   """
   options.validate()
   os.makedirs(output_dir, exist_ok=True)
-  with locking.FolderLock(output_dir, LOCK_FILENAME, 'deeplab-build-data',
-                          'deeplab-build-data on this folder'):
+  with folder_lock(output_dir):
     _finish_killed(output_dir)
     return _convert_locked(splits_to_entries, output_dir, options)
 
