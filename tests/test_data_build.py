@@ -144,15 +144,6 @@ def test_rebuild_with_fewer_shards_removes_the_old_ones(tmp_path):
       'train-00000-of-00002.tfrecord', 'train-00001-of-00002.tfrecord']
 
 
-def _snapshot(folder):
-  """{file name: bytes} of every file in `folder` (hidden ones included)."""
-  out = {}
-  for name in sorted(os.listdir(folder)):
-    with open(os.path.join(folder, name), 'rb') as f:
-      out[name] = f.read()
-  return out
-
-
 @pytest.mark.parametrize('fault', ['bad_val_label', 'disk_full'])
 def test_failed_rebuild_leaves_the_old_build_as_it_was(tmp_path, monkeypatch,
                                                        fault):
@@ -160,7 +151,7 @@ def test_failed_rebuild_leaves_the_old_build_as_it_was(tmp_path, monkeypatch,
                                  'val': common.tiny_pairs(21, 2, prefix='va')})
   out = str(tmp_path / 'out')
   build_voc(*good, out, build.BuildOptions(num_classes=4, num_shards=3))
-  before = _snapshot(out)
+  before = common.folder_contents(out)
   val = common.tiny_pairs(23, 2, prefix='va')
   if fault == 'bad_val_label':
     val[1][2][0, 0] = 9
@@ -177,7 +168,8 @@ def test_failed_rebuild_leaves_the_old_build_as_it_was(tmp_path, monkeypatch,
   # Train is converted first (and would be complete) before val fails.
   with pytest.raises((build.DataError, OSError)):
     build_voc(*new, out, OPTIONS)
-  assert _snapshot(out) == before  # byte-identical, no temp files left
+  # Byte-identical, no temp files left.
+  assert common.folder_contents(out) == before
 
 
 def test_non_utf8_list_line_is_named(tmp_path):

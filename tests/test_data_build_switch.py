@@ -32,15 +32,6 @@ def build_voc(folders, out, options=OPTIONS, **kwargs):
                          **kwargs)
 
 
-def _contents(folder):
-  """{file name: bytes} of every file in `folder`, hidden ones included."""
-  out = {}
-  for name in sorted(os.listdir(folder)):
-    with open(os.path.join(folder, name), 'rb') as f:
-      out[name] = f.read()
-  return out
-
-
 def _hold_lock(out):
   return build.folder_lock(out)
 
@@ -49,7 +40,7 @@ def test_a_second_build_on_a_locked_folder_is_refused(tmp_path):
   folders = voc(tmp_path / 'voc', {'train': common.tiny_pairs(40, 3)})
   out = str(tmp_path / 'out')
   build_voc(folders, out)
-  before = _contents(out)
+  before = common.folder_contents(out)
   with _hold_lock(out):
     with pytest.raises(locking.FolderLockedError) as error:
       build_voc(folders, out, build.BuildOptions(num_classes=4,
@@ -60,7 +51,7 @@ def test_a_second_build_on_a_locked_folder_is_refused(tmp_path):
     assert message.endswith('before starting another deeplab-build-data or '
                             'deeplab-stats --write_dataset_json on this '
                             'folder')
-    assert {k: v for k, v in _contents(out).items()
+    assert {k: v for k, v in common.folder_contents(out).items()
             if k != build.LOCK_FILENAME} == before
 
 
@@ -130,7 +121,7 @@ def test_a_build_killed_while_switching_is_refused_then_finished(
   # The next build (of another split) first finishes the killed one's.
   info = build_voc(new, out, split_name='val')
   assert info.splits_to_sizes == {'train': 4, 'val': 2}
-  assert sorted(_contents(out)) == [
+  assert sorted(common.folder_contents(out)) == [
       'dataset.json', 'train-00000-of-00002.tfrecord',
       'train-00001-of-00002.tfrecord', 'val-00000-of-00002.tfrecord',
       'val-00001-of-00002.tfrecord']
@@ -174,7 +165,7 @@ def test_a_switch_plan_that_cannot_be_written_keeps_the_old_build(
     tmp_path, monkeypatch):
   out = str(tmp_path / 'out')
   build_voc(voc(tmp_path / 'old', {'train': common.tiny_pairs(47, 3)}), out)
-  before = _contents(out)
+  before = common.folder_contents(out)
 
   def full_disk(path, payload):
     raise atomic.not_written(path, OSError(errno.ENOSPC, 'No space left on '
@@ -185,7 +176,7 @@ def test_a_switch_plan_that_cannot_be_written_keeps_the_old_build(
   assert str(error.value) == (
       'cannot write %s: No space left on device; the records and '
       'dataset.json already there are unchanged' % out)
-  assert _contents(out) == before  # and no temp file left
+  assert common.folder_contents(out) == before  # and no temp file left
 
 
 def test_a_switch_that_fails_half_way_is_finished_by_the_next_build(

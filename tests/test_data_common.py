@@ -110,6 +110,15 @@ def write_voc_folder(root, splits, image_format='png', label_mode='P'):
   return images, labels, lists
 
 
+def folder_contents(folder):
+  """{file name: bytes} of every file in `folder` (hidden ones included)."""
+  out = {}
+  for name in sorted(os.listdir(folder)):
+    with open(os.path.join(folder, name), 'rb') as f:
+      out[name] = f.read()
+  return out
+
+
 def tiny_pairs(seed, count, num_classes=4, prefix='img', sizes=None):
   """[(name, image, ids)] of small random images with blocky labels."""
   rng = np.random.RandomState(seed)
