@@ -1,11 +1,12 @@
 """One writer per folder: an exclusive lock file holding pid and host.
 
-deeplab-train locks its logdir (runtime/lock.py), deeplab-build-data its
-output folder. The lock is an `flock` on a hidden file in the folder, which
-the kernel releases when the process dies however it dies, so a lock left by
-a killed run is never mistaken for a live one; the file's content (pid,
-host, start time) only names the holder in messages. A leftover file from a
-dead run is taken over (and logged).
+deeplab-train locks its logdir (runtime/lock.py); deeplab-build-data and
+deeplab-stats --write_dataset_json lock a TFRecord folder (data/build.py).
+The lock is an `flock` on a hidden file in the folder, which the kernel
+releases when the process dies however it dies, so a lock left by a killed
+run is never mistaken for a live one; the file's content (pid, host,
+command, start time) only names the holder in messages. A leftover file
+from a dead run is taken over (and logged).
 """
 import contextlib
 import errno
@@ -105,7 +106,8 @@ class FolderLock:
           'without releasing it (the process is %s)', self.path,
           previous.get('pid', '?'), previous.get('host', '?'),
           'gone' if not atomic.process_alive(previous.get('pid'))
-          else 'not a %s holding the lock' % self._command)
+          else 'not a %s holding the lock' % previous.get('command',
+                                                          self._command))
     me = {'pid': os.getpid(), 'host': socket.gethostname(),
           'command': self._command,
           'started': time.strftime('%Y-%m-%dT%H:%M:%S%z')}
