@@ -27,6 +27,7 @@ from absl import flags
 from deeplab_train import atomic
 from deeplab_train import config
 from deeplab_train import locking
+from deeplab_train.cli import signals
 from deeplab_train.config import errors
 from deeplab_train.runtime import result as result_lib
 
@@ -144,10 +145,25 @@ def run_body(command, argv, body, bad_input=None, flag_names=None):
 
   Returns:
     EXIT_OK, EXIT_BAD_INPUT (one line on stderr), EXIT_LOCKED (another
-    live process holds the lock of the output folder: one line) or
+    live process holds the lock of the output folder: one line),
     EXIT_UNEXPECTED (anything else, logged with its traceback; one line for
-    an output that could not be written).
+    an output that could not be written), or 143 / 130 when a SIGTERM /
+    SIGINT stopped body() (raised in it as signals.Stopped, so that its
+    cleanups run: temp files removed, child processes ended).
   """
+  try:
+    with signals.raised_in_main():
+      return _run_body(command, argv, body, bad_input, flag_names)
+  except signals.Stopped as e:
+    # Stopped where it was: the outputs finished so far stay, the one being
+    # written is not put in place (its temp is removed on the way out).
+    message = 'stopped by %s' % e.name
+    sys.stderr.write('%s: %s\n' % (command, message))
+    print_result(result_lib.STOPPED_NOW[e.name], message=message)
+    return signals.exit_code(e.signum)
+
+
+def _run_body(command, argv, body, bad_input, flag_names):
   try:
     check_no_positional(command, argv)
     body()

@@ -76,11 +76,9 @@ from deeplab_train import config
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
-from deeplab_train.cli import signals
 from deeplab_train.cli import train_flags
 from deeplab_train.data import datasets
 from deeplab_train.runtime import cpu as cpu_lib
-from deeplab_train.runtime import result as result_lib
 # Library modules that load TensorFlow (seconds) are imported by the
 # functions using them, after the flag checks: --help, a bad flag and a
 # missing one are answered without it (tests/test_command_start.py).
@@ -590,17 +588,10 @@ def run_job(job):
 def main(argv):
   """Runs the command; a SIGTERM/SIGINT ends the child process measuring
   (a trainer, a setting, an exported model) before this one exits with
-  128 + the signal number and a 'terminated'/'interrupted' result line."""
-  try:
-    with signals.raised_in_main():
-      return app.run_body(COMMAND, argv,
-                          lambda: run_job(options_from_flags()),
-                          flag_names=FLAG_NAMES)
-  except signals.Stopped as e:
-    message = 'stopped by %s' % e.name
-    sys.stderr.write('%s: %s\n' % (COMMAND, message))
-    app.print_result(result_lib.STOPPED_NOW[e.name], message=message)
-    return signals.exit_code(e.signum)
+  128 + the signal number and a 'terminated'/'interrupted' result line
+  (app.run_body)."""
+  return app.run_body(COMMAND, argv, lambda: run_job(options_from_flags()),
+                      flag_names=FLAG_NAMES)
 
 
 def run():

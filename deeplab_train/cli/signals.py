@@ -14,9 +14,11 @@ a thread: on the second one it calls the command's `on_stop_now(signum)`
 written under temporary names and renamed, so ending mid-save loses nothing
 already written.
 
-deeplab-bench has no clean stop to make: `raised_in_main` turns a signal
-into an exception there, so that the child processes it runs are ended
-before it exits.
+The other commands have no clean stop to make: `raised_in_main` (around
+each one's work in cli/app.run_body) turns a signal into an exception in
+them, so that on its way out the temp file being written is removed and
+deeplab-bench's child processes are ended, before the command prints its
+result line and exits with 143 / 130.
 
 Standard library only: this module is imported before TensorFlow.
 """
@@ -184,8 +186,12 @@ def raised_in_main():
   own (deeplab-bench): without it SIGTERM ends the Python process at once
   and its children run on. Python runs the handler when the main thread is
   back in the interpreter (a wait on a child, between session runs). The
-  previous handlers are restored on leaving.
+  previous handlers are restored on leaving. Outside the main thread (where
+  handlers cannot be set) it does nothing.
   """
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
   previous = {sig: signal.signal(sig, _raise_stopped) for sig in SIGNALS}
   try:
     yield

@@ -113,15 +113,19 @@ def write_split(entries, split, output_dir, options):
   temps = [atomic.temp_name(p) for p in finals]
   workers = options.num_workers or min(n, os.cpu_count() or 1)
   stop = threading.Event()
+  futures = []
   try:
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-      futures = [pool.submit(_write_shard, entries[a:b], temp, options, stop)
-                 for (a, b), temp in zip(_shard_ranges(len(entries), n),
-                                         temps)]
       try:
+        for (a, b), temp in zip(_shard_ranges(len(entries), n), temps):
+          futures.append(pool.submit(_write_shard, entries[a:b], temp,
+                                     options, stop))
         for future in concurrent.futures.as_completed(futures):
           future.result()
       except BaseException:
+        # E.g. a bad pair, or a SIGTERM raised here: the other shards stop
+        # after their current pair, and the pool waits for them before
+        # their temps are removed.
         stop.set()
         raise
   except BaseException:

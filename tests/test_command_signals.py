@@ -1,0 +1,87 @@
+"""SIGTERM / SIGINT in the commands without a clean stop of their own
+(deeplab-eval, -vis, -export, -stats, -build-data: cli/app.run_body): the
+command stops where it is with one line and its result line, exits 143 /
+130, and leaves no temp file or half-written output.
+
+Before, SIGINT ended them with a KeyboardInterrupt traceback (and
+deeplab-eval / -vis then hung for good closing their session at exit),
+SIGTERM with no result line, and a build's temp shards stayed.
+"""
+import json
+import os
+import signal
+import time
+
+from deeplab_train.cli import build_data as build_cli
+from deeplab_train.cli import eval as eval_cli
+from deeplab_train.data import build
+from deeplab_train.evaluation import eval_loop
+import eval_testing as et
+import test_data_common as common
+import train_testing as tt
+
+
+def _signal_self_after(count, signum, items):
+  """Yields `items`, sending this process `signum` after `count` of them
+  (the signal's handler runs in the main thread while it sleeps)."""
+  for index, item in enumerate(items):
+    if index == count:
+      os.kill(os.getpid(), signum)
+      time.sleep(5)
+    yield item
+
+
+def test_sigint_while_scoring_stops_eval_with_130(tmp_path, monkeypatch,
+                                                  capsys):
+  data = et.write_tiny_dataset(str(tmp_path))
+  train = str(tmp_path / 'train')
+  et.write_checkpoint(train, et.tiny_model_options())
+  samples = eval_loop.iterate_split
+  monkeypatch.setattr(
+      eval_loop, 'iterate_split', lambda *args, **kwargs: _signal_self_after(
+          1, signal.SIGINT, samples(*args, **kwargs)))
+  eval_dir = tmp_path / 'eval'
+  started = time.time()
+  code = et.run_cli(eval_cli, ['--checkpoint_dir=' + train,
+                               '--dataset_dir=' + data,
+                               '--eval_logdir=%s' % eval_dir])
+  out, err = capsys.readouterr()
+  assert code == 130
+  assert time.time() - started < 4  # stopped in the sleep, not after it
+  assert err.splitlines()[-1] == 'deeplab-eval: stopped by SIGINT'
+  assert 'Traceback' not in err
+  assert json.loads(out.splitlines()[-1]) == {
+      'event': 'result', 'status': 'interrupted',
+      'message': 'stopped by SIGINT'}
+  assert not eval_dir.exists() or not [
+      name for name in os.listdir(eval_dir) if not name.startswith('events')]
+  # The handlers are the ones from before again.
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_sigterm_while_converting_stops_the_build_with_143(tmp_path,
+                                                           monkeypatch,
+                                                           capsys):
+  images, labels, lists = common.write_voc_folder(
+      str(tmp_path / 'voc'), {'train': common.tiny_pairs(60, 4)})
+  args = ['--image_folder', images, '--semantic_segmentation_folder', labels,
+          '--list_folder', lists, '--image_format', 'png', '--output_dir',
+          str(tmp_path / 'out'), '--num_classes', '4', '--num_shards', '2']
+  assert tt.main_in_process('deeplab-build-data', build_cli.main, args)[0] == 0
+  before = common.folder_contents(tmp_path / 'out')
+  write_shard = build._write_shard
+
+  def signalled(entries, temp_path, options, stop):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.5)  # the main thread stops meanwhile
+    return write_shard(entries, temp_path, options, stop)
+  monkeypatch.setattr(build, '_write_shard', signalled)
+  code, _, result = tt.main_in_process(
+      'deeplab-build-data', build_cli.main, args + ['--num_shards', '3'])
+  err = capsys.readouterr().err
+  assert code == 143
+  assert result == {'event': 'result', 'status': 'terminated',
+                    'message': 'stopped by SIGTERM'}
+  assert err.splitlines()[-1] == 'deeplab-build-data: stopped by SIGTERM'
+  # The build before is as it was: no new shard, no temp left.
+  assert common.folder_contents(tmp_path / 'out') == before
