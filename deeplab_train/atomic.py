@@ -186,12 +186,14 @@ def writing_dir(path):
   tmp = temp_dir_for(path)
   try:
     yield tmp
+    # Within the try: stopped after the swap (a SIGTERM raised here), tmp
+    # holds the old directory, removed as the new one's would be before.
+    replace_dir(tmp, path)
   except BaseException as e:
     shutil.rmtree(tmp, ignore_errors=True)
     if isinstance(e, OSError):
       raise not_written(path, e) from None
     raise
-  replace_dir(tmp, path)
 
 
 _AT_FDCWD = -100
@@ -222,20 +224,25 @@ def replace_dir(tmp, path):
   renamed aside (a kill before the second rename leaves no `path`:
   `finish_replace_dir`); the old one is deleted once the new is in place.
   """
-  if os.path.lexists(path):
-    if _exchange(tmp, path):
-      old = tmp
-    else:
-      old = temp_name(path) + '.old'
-      os.rename(path, old)
-      os.rename(tmp, path)
-    if os.path.isdir(old) and not os.path.islink(old):
-      shutil.rmtree(old)
-    else:
-      os.remove(old)
-  else:
+  if not os.path.lexists(path):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    try:
+      os.rename(tmp, path)
+      return path
+    except OSError as e:
+      if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+        raise
+      # Another writer put its directory there meanwhile: replace it.
+  if _exchange(tmp, path):
+    old = tmp
+  else:
+    old = temp_name(path) + '.old'
+    os.rename(path, old)
     os.rename(tmp, path)
+  if os.path.isdir(old) and not os.path.islink(old):
+    shutil.rmtree(old)
+  else:
+    os.remove(old)
   return path
 
 

@@ -175,3 +175,30 @@ def test_temp_names_carry_pid_and_host_and_name_their_target(tmp_path):
   assert atomic.temp_target('.x.json.tmp-12') == 'x.json'
   assert atomic.temp_target('x.json') is None
   assert atomic.temp_target('.x.json.tmp-abc') is None
+
+
+def test_a_folder_another_writer_creates_meanwhile_is_replaced(tmp_path,
+                                                               monkeypatch):
+  """replace_dir found no folder at the path, but another writer renamed
+  its own there before this one's rename (two exports of a new
+  --saved_model_dir): this one replaces it instead of failing with
+  'Directory not empty'."""
+  folder = tmp_path / 'saved'
+  lexists = os.path.lexists
+  looks = []
+
+  def created_meanwhile(path):
+    found = lexists(path)
+    if path == str(folder):
+      looks.append(found)
+      if len(looks) == 2:  # replace_dir's look (after the temp's cleanup)
+        folder.mkdir()
+        (folder / 'theirs.pb').write_text('theirs')
+    return found
+  monkeypatch.setattr(os.path, 'lexists', created_meanwhile)
+  with atomic.writing_dir(str(folder)) as tmp:
+    os.makedirs(tmp)
+    (tmp_path / os.path.basename(tmp) / 'mine.pb').write_text('mine')
+  assert looks == [False, False]
+  assert os.listdir(folder) == ['mine.pb']
+  assert sorted(os.listdir(tmp_path)) == ['saved']
