@@ -13,6 +13,7 @@ import tensorflow.compat.v1 as tf
 import eval_testing as et
 import reference_checkpoint
 from deeplab_train import config
+from deeplab_train import restore as restore_lib
 from deeplab_train.cli import export as export_cli
 from deeplab_train.evaluation import predictor as predictor_lib
 from deeplab_train.export import freeze
@@ -330,3 +331,56 @@ def test_reference_checkpoint_reproduces_reference_predictions(
   np.testing.assert_allclose(
       logits, np.load(reference_dir / 'mobilenet_v2_os8' / 'logits.npy'),
       atol=1e-4)
+
+
+def test_a_checkpoint_deleted_while_read_starts_the_export_again(
+    tiny_ckpt, tmp_path, monkeypatch, capsys, caplog):
+  """A training run keeping only its newest checkpoints deletes the one
+  deeplab-export (eval, vis) reads: given the folder, the command starts
+  again from its latest checkpoint (3 times in all); given that
+  checkpoint, it says so in one line, exit 2. Before, TensorFlow's 'Failed
+  to find any matching files' or a 20-line restore error, or a
+  ValueError traceback."""
+  real_restore = restore_lib.restore
+  calls = []
+
+  def deleted_the_first_time(saver, session, prefix):
+    calls.append(prefix)
+    if len(calls) == 1:
+      raise restore_lib.CheckpointGoneError(prefix)
+    return real_restore(saver, session, prefix)
+  monkeypatch.setattr(restore_lib, 'restore', deleted_the_first_time)
+  pb = str(tmp_path / 'x.pb')
+  with caplog.at_level('WARNING'):
+    assert et.run_cli(export_cli, [
+        '--checkpoint_path=' + os.path.dirname(tiny_ckpt),
+        '--export_path=' + pb]) == 0
+  assert calls == [tiny_ckpt, tiny_ckpt] and os.path.exists(pb)
+  assert ('deeplab-export: checkpoint %s was deleted while it was being read'
+          % tiny_ckpt) in caplog.text
+  assert 'starting again from the latest checkpoint in' in caplog.text
+  capsys.readouterr()
+
+  calls.clear()
+  assert et.run_cli(export_cli, ['--checkpoint_path=' + tiny_ckpt,
+                                 '--export_path=' + pb]) == 2
+  err = capsys.readouterr().err
+  assert err.splitlines()[-1] == (
+      'deeplab-export: error: checkpoint %s was deleted while it was being '
+      'read (the training run writing it keeps only its newest '
+      'checkpoints); use a newer one' % tiny_ckpt)
+  assert len(calls) == 1
+
+
+def test_files_deleted_under_a_reader_are_named_as_such(tiny_ckpt, tmp_path):
+  copy = str(tmp_path / 'model.ckpt-7')
+  for suffix in ('.index', '.data-00000-of-00001'):
+    with open(tiny_ckpt + suffix, 'rb') as source, open(copy + suffix,
+                                                        'wb') as target:
+      target.write(source.read())
+  assert restore_lib.checkpoint_reader(copy).has_tensor('global_step')
+  for suffix in ('.index', '.data-00000-of-00001'):
+    os.remove(copy + suffix)
+  with pytest.raises(restore_lib.CheckpointGoneError) as error:
+    restore_lib.checkpoint_reader(copy)
+  assert error.value.prefix == copy

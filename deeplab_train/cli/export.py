@@ -266,7 +266,8 @@ def _export():
   app.print_result('ok', **run_export(options_from_flags()))
 
 
-main = inference_flags.main_for(COMMAND, _export, FLAG_NAMES)
+main = inference_flags.main_for(COMMAND, _export, FLAG_NAMES,
+                                checkpoint_flag='checkpoint_path')
 
 
 def run():

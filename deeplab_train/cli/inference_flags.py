@@ -5,10 +5,12 @@ are defined once so the three command modules can be imported together, plus
 the helpers that turn them into the library's option dataclasses.
 """
 import logging
+import os
 
 from absl import flags
 
 from deeplab_train import config
+from deeplab_train import restore
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
@@ -116,13 +118,33 @@ def check_unsupported(command):
         FLAGS.master, command)
 
 
-def main_for(command, body, flag_names):
+# Times a command starts again when the checkpoint it reads is deleted.
+_GONE_ATTEMPTS = 3
+
+
+def main_for(command, body, flag_names, checkpoint_flag='checkpoint_dir'):
   """absl's main(argv) of an inference command: INFO logging, then body()
   in the command shell (exit codes, the result line, flag names), after
-  `check_unsupported`."""
+  `check_unsupported`.
+
+  When `checkpoint_flag` names a directory whose latest checkpoint a
+  training run deletes while body() reads it (it keeps only its newest),
+  body() starts again from the new latest, up to 3 times in all: every
+  output is then written from one checkpoint.
+  """
   def checked_body():
     check_unsupported(command)
-    body()
+    for attempt in range(1, _GONE_ATTEMPTS + 1):
+      try:
+        return body()
+      except restore.CheckpointGoneError as e:
+        folder = FLAGS[checkpoint_flag].value
+        if (attempt == _GONE_ATTEMPTS or not folder or
+            not os.path.isdir(folder) or os.path.abspath(
+                os.path.dirname(e.prefix)) != os.path.abspath(folder)):
+          raise
+        logging.warning('%s: %s; starting again from the latest checkpoint '
+                        'in %s', command, e, folder)
 
   def main(argv):
     logging.getLogger().setLevel(logging.INFO)

@@ -32,6 +32,7 @@ from deeplab_train.evaluation import confusion as confusion_lib
 from deeplab_train.evaluation import metrics as metrics_lib
 from deeplab_train.evaluation import predictor as predictor_lib
 from deeplab_train import atomic
+from deeplab_train import restore as restore_lib
 
 RESULT_FILENAME = 'eval_result.json'
 CONFUSION_CSV_FILENAME = 'confusion_matrix.csv'
@@ -312,11 +313,12 @@ def evaluate(checkpoint_dir, eval_logdir, model_options, inference,
         result, scores = evaluate_checkpoint(
             predictor, checkpoint_path, make_samples, dataset_info,
             eval_options, inference)
-      except tf.errors.NotFoundError as e:
+      except (tf.errors.NotFoundError, restore_lib.CheckpointGoneError) as e:
         if not eval_options.follow:
           raise
         # The trainer may delete old checkpoints while we read them.
-        _log.warning('skipping %s: %s', checkpoint_path, e.message)
+        _log.warning('skipping %s: %s', checkpoint_path,
+                     getattr(e, 'message', e))
         continue
       _write_outputs(eval_logdir, result_json, result, scores, inference)
       results.append(result)

@@ -108,7 +108,7 @@ def resolve_checkpoint(path):
 
 def checkpoint_global_step(checkpoint_path):
   """The checkpoint's global_step (from the variable or the file name)."""
-  reader = tf.train.load_checkpoint(checkpoint_path)
+  reader = restore_lib.checkpoint_reader(checkpoint_path)
   if reader.has_tensor('global_step'):
     return int(reader.get_tensor('global_step'))
   match = re.search(r'-(\d+)$', checkpoint_path)
@@ -122,7 +122,8 @@ def check_checkpoint_matches(checkpoint_path, variables):
     checkpoint_path: a checkpoint prefix.
     variables: the graph's tf.Variables to restore.
   """
-  shapes = tf.train.load_checkpoint(checkpoint_path).get_variable_to_shape_map()
+  shapes = restore_lib.checkpoint_reader(
+      checkpoint_path).get_variable_to_shape_map()
   missing, reshaped = [], []
   for var in variables:
     name = var.op.name
