@@ -361,3 +361,31 @@ def test_eval_of_a_short_training_run(tiny, tmp_path, capsys):
   assert result['global_step'] == 2 and result['num_images'] == 4
   assert 0.0 <= result['miou'] <= 1.0
   assert os.path.isfile(os.path.join(logdir, 'eval', 'eval_result.json'))
+
+
+def test_a_second_eval_on_one_eval_logdir_exits_75(tiny, tmp_path, capsys):
+  """Two deeplab-eval on one --eval_logdir left the result JSON of one
+  checkpoint beside the confusion matrix of the other (signal audit): the
+  second now exits 75 naming the first, and writes nothing."""
+  from deeplab_train import locking  # pylint: disable=g-import-not-at-top
+  eval_dir = tmp_path / 'eval'
+  eval_dir.mkdir()
+  with locking.FolderLock(str(eval_dir), eval_cli.LOCK_FILENAME,
+                          'deeplab-eval', 'deeplab-eval writing to this '
+                          'folder'):
+    code = et.run_cli(eval_cli, [
+        '--checkpoint_dir=' + tiny['train'], '--dataset_dir=' + tiny['data'],
+        '--eval_logdir=%s' % eval_dir])
+  out, err = capsys.readouterr()
+  assert code == 75
+  assert _last_json_line(out)['status'] == 'locked'
+  assert err.splitlines()[-1].startswith(
+      'deeplab-eval: error: %s is locked by a running deeplab-eval (pid %d'
+      % (eval_dir, os.getpid()))
+  assert os.listdir(eval_dir) == []
+  # Free again: it evaluates, and the lock file goes with it.
+  assert et.run_cli(eval_cli, [
+      '--checkpoint_dir=' + tiny['train'], '--dataset_dir=' + tiny['data'],
+      '--eval_logdir=%s' % eval_dir]) == 0
+  assert eval_cli.LOCK_FILENAME not in os.listdir(eval_dir)
+  assert 'eval_result.json' in os.listdir(eval_dir)

@@ -33,7 +33,13 @@ scales, flips and (but for TFLite) the resize were fixed at export, so those
 flags are refused. Scores are at the images' own size, as the deployed
 model labels them.
 
-Exit codes: 0 ok, 2 bad input, 1 unexpected error.
+One deeplab-eval at a time writes an --eval_logdir (it holds the folder's
+lock). SIGTERM / SIGINT stop it at once (follow mode too), keeping the
+results written so far.
+
+Exit codes: 0 ok, 2 bad input, 75 another deeplab-eval writes to
+--eval_logdir (one line naming its pid), 143 / 130 stopped by SIGTERM /
+SIGINT, 1 unexpected error.
 """
 import dataclasses
 import os
@@ -42,7 +48,9 @@ from typing import Optional
 
 from absl import flags
 
+from deeplab_train import atomic
 from deeplab_train import config
+from deeplab_train import locking
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
@@ -215,8 +223,28 @@ def print_result(result, scores):
   app.print_result('ok', **result)
 
 
+# One deeplab-eval at a time writes an --eval_logdir: two would leave the
+# result JSON of one checkpoint beside the confusion matrix of another.
+LOCK_FILENAME = '.deeplab-eval.lock'
+
+
 def run_eval(job):
-  """Evaluates as the job says; returns the list of results."""
+  """Evaluates as the job says, holding the eval_logdir's lock; returns
+  the list of results.
+
+  Raises:
+    locking.FolderLockedError: another deeplab-eval writes there.
+  """
+  try:
+    os.makedirs(job.eval_logdir, exist_ok=True)
+  except OSError as e:
+    raise atomic.not_written(job.eval_logdir, e) from None
+  with locking.FolderLock(job.eval_logdir, LOCK_FILENAME, COMMAND,
+                          '%s writing to this folder' % COMMAND):
+    return _run_eval_locked(job)
+
+
+def _run_eval_locked(job):
   # pylint: disable=g-import-not-at-top
   from deeplab_train.evaluation import eval_loop
   from deeplab_train.export import loaded
