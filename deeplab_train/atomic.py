@@ -142,13 +142,25 @@ def write_with(path, writer):
   """
   try:
     with writing(path) as tmp:
-      with open(tmp, 'wb') as f:
-        writer(f)
-        f.flush()
-        os.fsync(f.fileno())
+      _write_synced(tmp, writer)
   except OSError as e:
     raise not_written(path, e) from None
   return path
+
+
+def _write_synced(path, writer):
+  """Writes `path` through `writer(open_binary_file)`, flushed to disk."""
+  with open(path, 'wb') as f:
+    writer(f)
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def write_temp(tmp, data):
+  """Writes `data` (bytes) to the temp name `tmp`, flushed to disk, and
+  leaves the rename to the caller (a build renames all its files together:
+  data/build.py)."""
+  _write_synced(tmp, lambda f: f.write(data))
 
 
 def write_bytes(path, data):

@@ -302,10 +302,7 @@ def _convert_locked(splits_to_entries, output_dir, options):
     # dataset.json is renamed in last.
     written.append((atomic.temp_name(json_path), json_path))
     try:
-      with open(written[-1][0], 'wb') as f:
-        f.write(atomic.json_bytes(info.to_dict()))
-        f.flush()
-        os.fsync(f.fileno())
+      atomic.write_temp(written[-1][0], atomic.json_bytes(info.to_dict()))
     except OSError as e:
       raise _write_failure(output_dir, e) from None
   except BaseException:

@@ -84,10 +84,11 @@ def remove_killed_saves(logdir, basename='model.ckpt'):
     match = own.match(entry)
     if match:
       prefix = path[:len(path) - len(match.group('rest'))]
-      if not (match.group('rest') == '_temp' or _TF_TEMP.search(entry) or
-              not os.path.exists(prefix + '.index')):
-        continue
-    elif not (entry.startswith('checkpoint.tmp') and _TF_TEMP.search(entry)):
+      left = (match.group('rest') == '_temp' or _TF_TEMP.search(entry) or
+              not os.path.exists(prefix + '.index'))
+    else:
+      left = entry.startswith('checkpoint.tmp') and _TF_TEMP.search(entry)
+    if not left:
       continue
     if os.path.isdir(path):
       shutil.rmtree(path, ignore_errors=True)

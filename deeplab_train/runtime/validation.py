@@ -199,9 +199,8 @@ def save_best(logdir, checkpoint, best):
     name = os.path.basename(checkpoint)
     tf.train.update_checkpoint_state(tmp, name,
                                      all_model_checkpoint_paths=[name])
-    with open(os.path.join(tmp, BEST_JSON), 'w') as f:
-      json.dump(best, f, indent=1, sort_keys=True)
-      f.write('\n')
+    with open(os.path.join(tmp, BEST_JSON), 'wb') as f:
+      f.write(atomic.json_bytes(best))
   return target
 
 
