@@ -21,13 +21,16 @@ import test_data_common as common
 import train_testing as tt
 
 
-def _signal_self_after(count, signum, items):
+def _signal_self_after(count, signum, items, slept):
   """Yields `items`, sending this process `signum` after `count` of them
-  (the signal's handler runs in the main thread while it sleeps)."""
+  (the signal's handler runs in the main thread while it sleeps). Appends
+  to `slept` if the sleep ran to its end, i.e. the command went on after
+  the signal instead of stopping in the sleep."""
   for index, item in enumerate(items):
     if index == count:
       os.kill(os.getpid(), signum)
-      time.sleep(5)
+      time.sleep(30)
+      slept.append(True)
     yield item
 
 
@@ -37,17 +40,17 @@ def test_sigint_while_scoring_stops_eval_with_130(tmp_path, monkeypatch,
   train = str(tmp_path / 'train')
   et.write_checkpoint(train, et.tiny_model_options())
   samples = eval_loop.iterate_split
+  slept = []
   monkeypatch.setattr(
       eval_loop, 'iterate_split', lambda *args, **kwargs: _signal_self_after(
-          1, signal.SIGINT, samples(*args, **kwargs)))
+          1, signal.SIGINT, samples(*args, **kwargs), slept))
   eval_dir = tmp_path / 'eval'
-  started = time.time()
   code = et.run_cli(eval_cli, ['--checkpoint_dir=' + train,
                                '--dataset_dir=' + data,
                                '--eval_logdir=%s' % eval_dir])
   out, err = capsys.readouterr()
   assert code == 130
-  assert time.time() - started < 4  # stopped in the sleep, not after it
+  assert not slept  # stopped in the sleep, not after it
   assert err.splitlines()[-1] == 'deeplab-eval: stopped by SIGINT'
   assert 'Traceback' not in err
   assert json.loads(out.splitlines()[-1]) == {
