@@ -15,6 +15,8 @@ import subprocess
 import sys
 import tarfile
 
+import timeouts
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SAMPLE = REPO / 'data'
 SCRIPTS = REPO / 'scripts'
@@ -132,7 +134,7 @@ def script_env(**overrides):
   return env
 
 
-def run_script(name, *args, env=None, timeout=300):
+def run_script(name, *args, env=None, timeout=timeouts.HANG_SECONDS):
   """Runs scripts/<name> with bash; returns the CompletedProcess."""
   return subprocess.run(
       ['bash', str(SCRIPTS / name)] + [str(a) for a in args],

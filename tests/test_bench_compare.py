@@ -400,7 +400,7 @@ def test_command_with_a_stand_in_original_and_real_deeplab_train(
   result = json.loads(proc.stdout.splitlines()[-1])
   assert (result['event'], result['status']) == ('result', 'ok')
   assert result['original_seconds_per_step'] == pytest.approx(0.6)
-  assert 0 < result['ours_seconds_per_step'] < 60
+  assert result['ours_seconds_per_step'] > 0
   assert result['per_round'][0]['ours']['last_step'] == 4
   assert result['ours_peak_rss_mib'] > 100  # a TensorFlow process
   assert '--train_crop_size=33,33' in result['shared_flags']

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from absl import flags
 import pytest
@@ -372,6 +371,15 @@ def test_second_sigterm_stops_at_once_with_the_json_line(tmp_path, records):
   assert tt.read_checkpoint(tf_latest(logdir))['global_step'] >= 0
 
 
+def _catches(pid, signum):
+  """Whether process `pid` has a handler for `signum` (/proc's SigCgt)."""
+  with open('/proc/%d/status' % pid) as f:
+    for line in f:
+      if line.startswith('SigCgt:'):
+        return bool(int(line.split()[1], 16) & (1 << (signum - 1)))
+  return False
+
+
 def tf_latest(logdir):
   return '%s/model.ckpt-%d' % (logdir, tt.latest_step(logdir))
 
@@ -384,8 +392,13 @@ def test_sigterm_while_starting_up_still_ends_with_the_json_line(
   # the first second falls in the import.
   logdir = tmp_path / 'log'
   proc = tt.start_cli(tt.tiny_cli_args(logdir, records, 5), tmp_path / 'run')
-  for _ in range(signals_sent):
-    time.sleep(0.7)
+  # Sent as soon as the process catches SIGTERM (before that, it would
+  # kill it: nothing to test); the second after the first was taken.
+  tt.wait_for(lambda: _catches(proc.pid, signal.SIGTERM), interval=0.01,
+              proc=proc)
+  proc.send_signal(signal.SIGTERM)
+  if signals_sent == 2:
+    _wait_for_text(proc, 'stderr.txt', 'SIGTERM received')
     proc.send_signal(signal.SIGTERM)
   code, result, err = tt.finish(proc)
   assert result['stop_reason'] == 'signal:SIGTERM', err[-3000:]

@@ -16,6 +16,7 @@ import tensorflow.compat.v1 as tf
 from deeplab_train import config
 from deeplab_train.data import build
 from deeplab_train.model import layers
+import timeouts
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SAMPLE = REPO / 'data'
@@ -149,7 +150,7 @@ def start_cli(args, log_dir):
   return proc
 
 
-def finish(proc, timeout=120):
+def finish(proc, timeout=timeouts.HANG_SECONDS):
   """(exit code, result dict or None, stderr text) of a started run."""
   proc.wait(timeout=timeout)
   out = (proc.log_dir / 'stdout.txt').read_text()
@@ -177,11 +178,12 @@ def main_in_process(command, main, args):
   return code, text, json.loads(lines[-1])
 
 
-def run_cli(args, log_dir, timeout=120):
+def run_cli(args, log_dir, timeout=timeouts.HANG_SECONDS):
   return finish(start_cli(args, log_dir), timeout)
 
 
-def wait_for(predicate, timeout=90, interval=0.1, proc=None):
+def wait_for(predicate, timeout=timeouts.HANG_SECONDS, interval=0.1,
+             proc=None):
   """Polls until predicate() is true; fails on timeout or if proc exits."""
   deadline = time.time() + timeout
   while time.time() < deadline:
