@@ -185,10 +185,12 @@ def test_early_stopping_when_the_metric_cannot_improve(tmp_path, records):
 
 @pytest.mark.slow
 def test_kill_9_then_resume_keeps_best_history_and_count(tmp_path, records):
+  # The kill lands between the 2nd and the (patience + 1)th evaluation.
+  patience = 6
   logdir = tmp_path / 'log'
   args = tt.tiny_cli_args(
       logdir, records, 1000, '--base_learning_rate=0',
-      '--eval_interval_steps=1', '--early_stopping_patience=3',
+      '--eval_interval_steps=1', '--early_stopping_patience=%d' % patience,
       '--early_stopping_min_delta=0.001')
   proc = tt.start_cli(args, tmp_path / 'run1')
   try:
@@ -197,14 +199,15 @@ def test_kill_9_then_resume_keeps_best_history_and_count(tmp_path, records):
     proc.kill()
     proc.wait()
   before = _history(logdir)
-  assert len(before) < 4, 'killed too late: the run had stopped already'
+  assert len(before) <= patience, 'killed too late: the run had stopped'
   assert _best(logdir)['step'] == before[0]['step']
   code, result = _main(args)
   assert code == 0 and result['stop_reason'] == 'early_stopping', result
   after = _history(logdir)
-  # The count went on from the history: 1 best + 3 without improvement
-  # in all, whenever the kill came; the records before it are kept.
-  assert len(after) == 4 and after[:len(before)] == before
+  # The count went on from the history: 1 best + `patience` without
+  # improvement in all, whenever the kill came; the records before it are
+  # kept.
+  assert len(after) == patience + 1 and after[:len(before)] == before
   steps = [r['step'] for r in after]
   assert steps == sorted(set(steps))
   # The first evaluation stays the best (an equal mIoU does not replace it).

@@ -297,15 +297,19 @@ def test_bf16_refused_where_onednn_would_abort(monkeypatch):
 @pytest.mark.slow
 def test_sigkill_then_restart_resumes_at_the_checkpoint(tmp_path, records):
   logdir = tmp_path / 'log'
-  args = tt.tiny_cli_args(logdir, records, 12, '--save_interval_steps=3')
-  proc = tt.start_cli(args, tmp_path / 'run1')
+  # Killed long before its end; the restart trains 3 steps more.
+  proc = tt.start_cli(
+      tt.tiny_cli_args(logdir, records, 100000, '--save_interval_steps=3'),
+      tmp_path / 'run1')
   try:
     tt.wait_for(lambda: 3 in tt.checkpoint_steps(logdir), proc=proc)
   finally:
     proc.send_signal(signal.SIGKILL)
     proc.wait()
   resumed_from = tt.latest_step(logdir)
-  assert 3 <= resumed_from < 12
+  assert resumed_from >= 3
+  last = resumed_from + 3
+  args = tt.tiny_cli_args(logdir, records, last, '--save_interval_steps=3')
   # The killed run's lock file is left behind; --tf_initial_checkpoint is
   # ignored because the logdir holds a checkpoint.
   assert (logdir / lock_lib.LOCK_FILENAME).exists()
@@ -313,11 +317,11 @@ def test_sigkill_then_restart_resumes_at_the_checkpoint(tmp_path, records):
       args + ['--tf_initial_checkpoint=%s/model.ckpt-0' % logdir],
       tmp_path / 'run2')
   assert code == 0, err[-3000:]
-  assert result['stop_reason'] == 'finished' and result['global_step'] == 12
-  assert 'from step %d to 12' % resumed_from in err
+  assert result['stop_reason'] == 'finished' and result['global_step'] == last
+  assert 'from step %d to %d' % (resumed_from, last) in err
   assert 'stale lock' in err
   assert 'RESUMING' in err and 'IGNORED' in err
-  assert tt.latest_step(logdir) == 12
+  assert tt.latest_step(logdir) == last
   assert not (logdir / lock_lib.LOCK_FILENAME).exists()
   saved = config.load_run_config(str(logdir))
   assert saved[0] == tt.tiny_model_options()
