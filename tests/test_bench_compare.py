@@ -17,6 +17,8 @@ from deeplab_train.bench import compare
 from deeplab_train.cli import signals
 from deeplab_train.runtime import cpu as cpu_lib
 
+import timeouts
+
 # Log lines verbatim, as long as the trainers print them.
 # pylint: disable=line-too-long
 # What the original prints with --log_steps=1: TensorFlow's logger writes
@@ -229,13 +231,24 @@ def test_compare_options_name_the_bad_field(tmp_path):
     compare.CompareOptions(str(tmp_path / 'missing')).validate()
 
 
-def test_run_logged_reports_exit_code_and_peak_rss(tmp_path):
+def test_run_logged_reports_exit_code_and_peak_rss(tmp_path, monkeypatch):
   log = tmp_path / 'child.log'
+  # The child holds its memory until a poll has seen it (the peak is polled).
+  seen = tmp_path / 'seen'
+  read = compare.vm_hwm_mib
+
+  def reading(pid):
+    mib = read(pid)
+    if mib > 300:
+      seen.touch()
+    return mib
+  monkeypatch.setattr(compare, 'vm_hwm_mib', reading)
   code, peak_mib, seconds = compare.run_logged(
       [sys.executable, '-c',
-       # Holds the memory for a few polls (the peak is polled).
-       'import time; x = b"x" * (300 << 20); print("hello"); time.sleep(0.5); '
-       'raise SystemExit(3)'],
+       'import os, time\nx = b"x" * (300 << 20)\nprint("hello")\n'
+       'end = time.time() + %d\n'
+       'while not os.path.exists(%r) and time.time() < end: time.sleep(0.01)\n'
+       'raise SystemExit(3)' % (timeouts.HANG_SECONDS, str(seen))],
       str(log))
   assert code == 3
   assert 300 < peak_mib < 2000

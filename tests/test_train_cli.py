@@ -19,6 +19,7 @@ from deeplab_train.runtime import cpu as cpu_lib
 from deeplab_train.runtime import lock as lock_lib
 from deeplab_train.runtime import session_config
 
+import timeouts
 import train_testing as tt
 
 FLAGS = flags.FLAGS
@@ -351,14 +352,31 @@ def _wait_for_text(proc, name, text):
   tt.wait_for(lambda: text in (proc.log_dir / name).read_text(), proc=proc)
 
 
+# deeplab-train whose checkpoint saves after a first signal wait (until a
+# second signal ends the process), so that the second comes while it stops.
+HELD_FINAL_SAVE = """
+import time
+from deeplab_train.cli import launch, signals
+from deeplab_train.runtime import hooks
+save = hooks.CheckpointHook._save
+
+def held(self, session, step):
+  if signals.current() is not None and signals.current().pending:
+    time.sleep(%d)
+  return save(self, session, step)
+hooks.CheckpointHook._save = held
+launch.train()
+""" % timeouts.HANG_SECONDS
+
+
 @pytest.mark.slow
 def test_second_sigterm_stops_at_once_with_the_json_line(tmp_path, records):
-  # A crop large enough that a step and the final save take a while.
   logdir = tmp_path / 'log'
   result_file = tmp_path / 'result.json'
   proc = tt.start_cli(
-      tt.tiny_cli_args(logdir, records, 100000, '--train_crop_size=97,97',
-                       '--result_json=%s' % result_file), tmp_path / 'run')
+      tt.tiny_cli_args(logdir, records, 100000,
+                       '--result_json=%s' % result_file), tmp_path / 'run',
+      launch=HELD_FINAL_SAVE)
   tt.wait_for(lambda: tt.latest_step(logdir) == 0, proc=proc)
   _wait_for_text(proc, 'stderr.txt', 'step 2/')
   proc.send_signal(signal.SIGTERM)

@@ -133,16 +133,16 @@ def tiny_cli_args(logdir, dataset_dir, steps, *extra):
 LAUNCH = 'from deeplab_train.cli import launch; launch.train()'
 
 
-def start_cli(args, log_dir):
+def start_cli(args, log_dir, launch=LAUNCH):
   """Starts deeplab-train ARGS as its console script does (cli/launch.py),
   its stdout and stderr going to files in `log_dir` (a pipe could fill up
-  and block it)."""
+  and block it). `launch`: the Python code run, LAUNCH or a variant."""
   log_dir = pathlib.Path(log_dir)
   log_dir.mkdir(parents=True, exist_ok=True)
   out = open(log_dir / 'stdout.txt', 'w')
   err = open(log_dir / 'stderr.txt', 'w')
   proc = subprocess.Popen(
-      [sys.executable, '-c', LAUNCH] + list(args),
+      [sys.executable, '-c', launch] + list(args),
       stdout=out, stderr=err, text=True, env=subprocess_env(), cwd=str(REPO))
   proc.log_dir = log_dir
   out.close()
