@@ -606,7 +606,7 @@ def test_asynchronous_cluster_with_startup_delay(tmp_path, records,
   # the last step is reached, and land after it.
   assert steps <= chief['global_step'] <= steps + 2
   assert 'SyncReplicas' not in cluster.log('worker1')
-  # Worker 1 waited for global step 1 * 3 before its first step.
+  # Its first step came after the global step 1 * 3 it waited for.
   assert 3 < min(cluster.steps('worker1')) < steps
 
 

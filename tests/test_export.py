@@ -1,6 +1,7 @@
 """deeplab-export: the frozen graph's contract, SavedModel, the reference."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -375,9 +376,7 @@ def test_a_checkpoint_deleted_while_read_starts_the_export_again(
 def test_files_deleted_under_a_reader_are_named_as_such(tiny_ckpt, tmp_path):
   copy = str(tmp_path / 'model.ckpt-7')
   for suffix in ('.index', '.data-00000-of-00001'):
-    with open(tiny_ckpt + suffix, 'rb') as source, open(copy + suffix,
-                                                        'wb') as target:
-      target.write(source.read())
+    shutil.copyfile(tiny_ckpt + suffix, copy + suffix)
   assert restore_lib.checkpoint_reader(copy).has_tensor('global_step')
   for suffix in ('.index', '.data-00000-of-00001'):
     os.remove(copy + suffix)

@@ -356,7 +356,7 @@ def _wait_for_text(proc, name, text):
 # second signal ends the process), so that the second comes while it stops.
 HELD_FINAL_SAVE = """
 import time
-from deeplab_train.cli import launch, signals
+from deeplab_train.cli import signals
 from deeplab_train.runtime import hooks
 save = hooks.CheckpointHook._save
 
@@ -365,8 +365,7 @@ def held(self, session, step):
     time.sleep(%d)
   return save(self, session, step)
 hooks.CheckpointHook._save = held
-launch.train()
-""" % timeouts.HANG_SECONDS
+""" % timeouts.HANG_SECONDS + tt.LAUNCH
 
 
 @pytest.mark.slow
