@@ -306,6 +306,18 @@ def test_damaged_checkpoint_is_named_not_a_traceback(tiny_ckpt, tmp_path,
       predictor.restore(damaged)
 
 
+def test_folder_without_checkpoints_names_the_flag(tmp_path, capsys):
+  """Before, the message told an export to set --checkpoint_dir, a flag
+  deeplab-export does not have."""
+  assert et.run_cli(export_cli, ['--checkpoint_path=%s' % tmp_path,
+                                 '--export_path=%s' % (tmp_path / 'x.pb')
+                                 ]) == 2
+  err = capsys.readouterr().err.splitlines()[-1]
+  assert err.startswith('deeplab-export: error: no checkpoint in %s' %
+                        tmp_path)
+  assert err.endswith('point --checkpoint_path at the train_logdir')
+
+
 @pytest.mark.slow
 def test_reference_checkpoint_reproduces_reference_predictions(
     reference_dir, tmp_path):

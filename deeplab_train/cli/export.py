@@ -58,7 +58,8 @@ COMMAND = 'deeplab-export'
 # Option fields whose flag is not named after the field.
 FLAG_NAMES = {'InferenceOptions.scales': 'inference_scales',
               'ExportOptions.with_probabilities': 'export_probabilities',
-              'TfliteOptions.quantize': 'tflite_quantize'}
+              'TfliteOptions.quantize': 'tflite_quantize',
+              'resolve_checkpoint.checkpoint_dir': 'checkpoint_path'}
 
 # The original export_model.py's defaults, used when no saved config says
 # otherwise.
