@@ -67,7 +67,9 @@ def process_alive(pid):
   return True
 
 
-def _left_by_a_dead_process(name):
+def left_by_a_dead_process(name):
+  """Whether the temp name `name` is of a process of this host that is
+  gone (False for other names)."""
   match = _TEMP_NAME.match(os.path.basename(name))
   return bool(match and match.group('host') in (None, _HOST)
               and not process_alive(match.group('pid')))
@@ -105,7 +107,7 @@ def remove_leftover_temps(path, dead_only=False):
   if dead_only and not os.path.lexists(path):
     return
   for leftover in leftover_temps(path):
-    if dead_only and not _left_by_a_dead_process(leftover):
+    if dead_only and not left_by_a_dead_process(leftover):
       continue
     if os.path.isdir(leftover) and not os.path.islink(leftover):
       shutil.rmtree(leftover, ignore_errors=True)

@@ -11,11 +11,25 @@ checkpoints, deleting the older ones) is a CheckpointGoneError, which the
 commands reading the latest checkpoint of a directory answer by starting
 again from the new latest (cli/inference_flags.py).
 
+A reader can also keep the files it chose: inside a `pinning` block,
+`hold(prefix)` makes hard links to the checkpoint's files in a hidden
+folder beside it, and `restore` and `checkpoint_reader` read those until
+the block ends. A training run deleting the checkpoint then frees only its
+names, so every read of one command sees the checkpoint it chose (saves a
+few seconds apart with --keep_checkpoint_max=1 would otherwise delete it
+before each attempt's restore). Where links cannot be made (a read-only
+folder, another file system, a remote path), the files are read in place.
+
 TensorFlow is imported by `restore` only: the commands catch the errors
 defined here before they load it.
 """
+import contextlib
 import glob
+import logging
+import os
+import shutil
 
+from deeplab_train import atomic
 from deeplab_train.config import ConfigError
 
 
@@ -43,6 +57,113 @@ def _gone(prefix, tf):
               tf.io.gfile.glob(glob.escape(prefix) + '.data-*'))
 
 
+# {absolute prefix: the prefix of its pinned links} while they are held.
+_pins = {}
+# The ExitStacks of the `pinning` blocks open, innermost last.
+_holders = []
+# The name a pin folder is a temp of: '.model.ckpt-7.pin.tmp-PID@HOST'.
+_PIN = '.pin'
+
+
+@contextlib.contextmanager
+def pinning():
+  """The checkpoints `hold` pins in this block stay pinned until it ends."""
+  with contextlib.ExitStack() as stack:
+    _holders.append(stack)
+    try:
+      yield
+    finally:
+      _holders.pop()
+
+
+def hold(prefix):
+  """Pins the checkpoint `prefix` until the innermost `pinning` block ends
+  (outside one, nothing happens), and returns `prefix`.
+
+  Raises:
+    CheckpointGoneError: its files were deleted before they were linked.
+  """
+  if _holders:
+    _holders[-1].enter_context(pinned(prefix))
+  return prefix
+
+
+@contextlib.contextmanager
+def pinned(prefix):
+  """Reads of `prefix` in the block go to hard links to its files, made
+  now (see the module's docstring); nothing happens when it is pinned
+  already or cannot be linked.
+
+  Raises:
+    CheckpointGoneError: its files were deleted before they were linked.
+  """
+  key = os.path.abspath(prefix)
+  folder = None if key in _pins or '://' in prefix else _link(key)
+  if folder is None:
+    yield
+    return
+  _pins[key] = os.path.join(folder, os.path.basename(key))
+  try:
+    yield
+  finally:
+    del _pins[key]
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _link(prefix):
+  """A new folder of hard links to the files of the checkpoint `prefix`
+  (absolute), or None where they cannot be made.
+
+  Raises:
+    CheckpointGoneError: its files were deleted before they were linked.
+  """
+  directory = os.path.dirname(prefix)
+  remove_dead_pins(directory)
+  data = sorted(glob.glob(glob.escape(prefix) + '.data-*'))
+  if not data:
+    return None   # incomplete or gone: the reads say which
+  folder = atomic.temp_name(prefix + _PIN)
+  try:
+    shutil.rmtree(folder, ignore_errors=True)
+    os.mkdir(folder)
+    for path in [prefix + '.index'] + data:
+      os.link(path, os.path.join(folder, os.path.basename(path)))
+  except FileNotFoundError:
+    shutil.rmtree(folder, ignore_errors=True)
+    raise CheckpointGoneError(prefix) from None
+  except OSError as e:
+    shutil.rmtree(folder, ignore_errors=True)
+    logging.info('reading %s in place: its files cannot be linked (%s)',
+                 prefix, e.strerror or e)
+    return None
+  return folder
+
+
+def remove_dead_pins(directory):
+  """Removes the pins that readers of this host left in `directory` when
+  they were killed (their process is gone), and returns their names."""
+  try:
+    entries = sorted(os.listdir(directory))
+  except OSError:
+    return []
+  removed = []
+  for entry in entries:
+    target = atomic.temp_target(entry)
+    if (target and target.endswith(_PIN)
+        and atomic.left_by_a_dead_process(entry)):
+      shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
+      removed.append(entry)
+  if removed:
+    logging.info('removed the checkpoint pins that killed readers left in '
+                 '%s: %s', directory, ', '.join(removed))
+  return removed
+
+
+def read_path(prefix):
+  """Where the files of `prefix` are read: its pin, else itself."""
+  return _pins.get(os.path.abspath(prefix), prefix)
+
+
 def restore(saver, session, prefix):
   """saver.restore(session, prefix), a damaged checkpoint named.
 
@@ -51,11 +172,12 @@ def restore(saver, session, prefix):
     CheckpointGoneError: its files were deleted meanwhile.
   """
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+  path = read_path(prefix)
   try:
-    saver.restore(session, prefix)
+    saver.restore(session, path)
   except (tf.errors.OpError, ValueError) as e:
     # ValueError: the Saver found no files for `prefix` before reading.
-    if _gone(prefix, tf):
+    if _gone(path, tf):
       raise CheckpointGoneError(prefix) from None
     if not isinstance(e, (tf.errors.OutOfRangeError,
                           tf.errors.DataLossError)):
@@ -74,9 +196,10 @@ def checkpoint_reader(prefix):
     CheckpointGoneError: its files were deleted meanwhile.
   """
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+  path = read_path(prefix)
   try:
-    return tf.train.load_checkpoint(prefix)
+    return tf.train.load_checkpoint(path)
   except (tf.errors.OpError, ValueError):
-    if _gone(prefix, tf):
+    if _gone(path, tf):
       raise CheckpointGoneError(prefix) from None
     raise

@@ -16,6 +16,7 @@ import tensorflow.compat.v1 as tf
 
 import eval_testing as et
 from deeplab_train import config
+from deeplab_train import restore as restore_lib
 from deeplab_train.cli import eval as eval_cli
 from deeplab_train.cli import export as export_cli
 from deeplab_train.data import datasets
@@ -283,6 +284,35 @@ def test_follow_mode_evaluates_each_new_checkpoint_once(tiny, tmp_path):
   assert [r['checkpoint'] for r in results] == [prefix7] + written
   assert results[0]['miou'] == results[1]['miou']
   assert clock[0] == 1 + 30  # one poll until step 8, then the timeout
+
+
+def test_follow_mode_reads_a_checkpoint_deleted_after_it_was_chosen(
+    tiny, tmp_path, monkeypatch):
+  """Followed, each checkpoint is pinned (hard links) when it is chosen:
+  the training run deleting it before the restore does not make the
+  evaluation skip it. The pin is gone afterwards."""
+  logdir = tmp_path / 'follow'
+  logdir.mkdir()
+  prefix7 = _copy_checkpoint(tiny['checkpoint'], str(logdir), 7)
+  real_restore = restore_lib.restore
+
+  def trainer_deletes_it_first(saver, session, prefix):
+    for path in glob.glob(prefix + '.*'):
+      os.remove(path)
+    return real_restore(saver, session, prefix)
+  monkeypatch.setattr(restore_lib, 'restore', trainer_deletes_it_first)
+  info = datasets.load_dataset_info('tiny', tiny['data'])
+  _, image, label = et.tiny_images()[0]
+  results = eval_loop.evaluate(
+      str(logdir), str(tmp_path / 'follow_eval'), et.tiny_model_options(),
+      config.InferenceOptions(), config.EvalOptions(
+          follow=True, eval_interval_secs=0, max_number_of_evaluations=1,
+          timeout_secs=0),
+      info, lambda: [{'image': image.astype(np.float32), 'label': label,
+                      'name': 'a'}],
+      sleep=lambda _: None)
+  assert [r['checkpoint'] for r in results] == [prefix7]
+  assert os.listdir(logdir) == ['checkpoint']
 
 
 def test_watch_checkpoints_waits_and_times_out(tmp_path):

@@ -1,7 +1,9 @@
 """deeplab-export: the frozen graph's contract, SavedModel, the reference."""
+import errno
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -383,6 +385,82 @@ def test_a_checkpoint_deleted_while_read_starts_the_export_again(
       'read (the training run writing it keeps only its newest '
       'checkpoints); use a newer one' % tiny_ckpt)
   assert len(calls) == 1
+
+
+def test_a_checkpoint_deleted_after_it_was_chosen_is_still_exported(
+    tiny_ckpt, tmp_path, monkeypatch):
+  """The training run deletes the checkpoint deeplab-export chose before
+  the export reads it (saves every few seconds, --keep_checkpoint_max=1):
+  the export reads the files it pinned when it chose the checkpoint (hard
+  links beside it), and removes the pin at the end. Before, the files were
+  gone by the restore, and the new latest by the next attempt's: exit 2."""
+  logdir = tmp_path / 'train'
+  shutil.copytree(os.path.dirname(tiny_ckpt), logdir)
+  chosen = str(logdir / os.path.basename(tiny_ckpt))
+  (logdir / 'checkpoint').write_text(
+      'model_checkpoint_path: "%s"\n' % os.path.basename(chosen))
+  before = sorted(os.listdir(logdir))
+  real_restore = restore_lib.restore
+  deleted = []
+
+  def trainer_deletes_it_first(saver, session, prefix):
+    for name in os.listdir(logdir):
+      if name.startswith(os.path.basename(chosen) + '.'):
+        os.remove(logdir / name)
+        deleted.append(name)
+    return real_restore(saver, session, prefix)
+  monkeypatch.setattr(restore_lib, 'restore', trainer_deletes_it_first)
+  pb = tmp_path / 'x.pb'
+  saved = tmp_path / 'sm'
+  assert et.run_cli(export_cli, ['--checkpoint_path=%s' % logdir,
+                                 '--export_path=%s' % pb,
+                                 '--saved_model_dir=%s' % saved]) == 0
+  assert deleted and pb.stat().st_size > 0
+  assert (saved / 'saved_model.pb').is_file()
+  # Only the deleted files are missing: no pin is left.
+  assert sorted(os.listdir(logdir)) == sorted(set(before) - set(deleted))
+
+
+def test_a_pinned_checkpoint_is_read_after_it_is_deleted(
+    tiny_ckpt, tmp_path, monkeypatch):
+  """restore.hold in a pinning block: hard links beside the checkpoint,
+  read after its files are deleted, removed when the block ends; the pins
+  of killed readers of this host are removed, not those of live or other
+  hosts' readers; where links cannot be made the files are read in
+  place."""
+  copy = str(tmp_path / 'model.ckpt-7')
+  files = ('.index', '.data-00000-of-00001')
+  for suffix in files:
+    shutil.copyfile(tiny_ckpt + suffix, copy + suffix)
+  ended = subprocess.Popen(['true'])
+  ended.wait()
+  host = socket.gethostname()
+  dead = '.model.ckpt-3.pin.tmp-%d@%s' % (ended.pid, host)
+  others = ['.model.ckpt-4.pin.tmp-%d@%s' % (os.getppid(), host),
+            '.model.ckpt-5.pin.tmp-%d@elsewhere' % ended.pid]
+  for name in [dead] + others:
+    (tmp_path / name).mkdir()
+  with restore_lib.pinning():
+    assert restore_lib.hold(copy) == copy
+    pin = '.model.ckpt-7.pin.tmp-%d@%s' % (os.getpid(), host)
+    assert sorted(os.listdir(tmp_path / pin)) == sorted(
+        'model.ckpt-7' + suffix for suffix in files)
+    for suffix in files:
+      os.remove(copy + suffix)
+    assert restore_lib.checkpoint_reader(copy).has_tensor('global_step')
+  assert sorted(os.listdir(tmp_path)) == sorted(others)
+
+  for suffix in files:
+    shutil.copyfile(tiny_ckpt + suffix, copy + suffix)
+
+  def cannot_link(src, dst):
+    raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), src)
+  monkeypatch.setattr(os, 'link', cannot_link)
+  with restore_lib.pinning():
+    restore_lib.hold(copy)
+    assert restore_lib.read_path(copy) == copy
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        others + ['model.ckpt-7' + suffix for suffix in files])
 
 
 def test_files_deleted_under_a_reader_are_named_as_such(tiny_ckpt, tmp_path):

@@ -3,6 +3,7 @@ the JSON result; and the loss falling on sample images (slow)."""
 import json
 import os
 import socket
+import subprocess
 
 import numpy as np
 import pytest
@@ -418,10 +419,20 @@ def test_what_killed_saves_left_is_removed_on_resume(tmp_path, caplog):
       (tmp_path / name).write_bytes(b'x')
   kept = ['notes.tmp' + uuid, 'model.ckpt-3.meta', 'model.ckpt-3.index']
   (tmp_path / kept[0]).write_bytes(b'x')
+  # The checkpoint pins (hard links) of a killed and of a live reader.
+  ended = subprocess.Popen(['true'])
+  ended.wait()
+  pins = ['.model.ckpt-2.pin.tmp-%d@%s' % (pid, socket.gethostname())
+          for pid in (ended.pid, os.getppid())]
+  for pin in pins:
+    (tmp_path / pin).mkdir()
+    (tmp_path / pin / 'model.ckpt-2.index').write_bytes(b'x')
   with caplog.at_level('INFO'):
     assert _train(tmp_path, steps=4).global_step == 4
   names = set(os.listdir(tmp_path))
-  assert not names & set(leftovers)
-  assert set(kept) <= names
+  assert not names & set(leftovers + pins[:1])
+  assert set(kept + pins[1:]) <= names
   assert 'removed 5 files that killed saves left in %s' % tmp_path in (
+      caplog.text)
+  assert 'pins that killed readers left in %s: %s' % (tmp_path, pins[0]) in (
       caplog.text)

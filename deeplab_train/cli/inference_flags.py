@@ -127,16 +127,19 @@ def main_for(command, body, flag_names, checkpoint_flag='checkpoint_dir'):
   in the command shell (exit codes, the result line, flag names), after
   `check_unsupported`.
 
-  When `checkpoint_flag` names a directory whose latest checkpoint a
-  training run deletes while body() reads it (it keeps only its newest),
-  body() starts again from the new latest, up to 3 times in all: every
-  output is then written from one checkpoint.
+  The checkpoint body() chooses is pinned until it ends (restore.pinning):
+  a training run that keeps only its newest checkpoints may delete it
+  meanwhile. When it was deleted before it was pinned and
+  `checkpoint_flag` names its directory, body() starts again from the new
+  latest, up to 3 times in all: every output is written from one
+  checkpoint.
   """
   def checked_body():
     check_unsupported(command)
     for attempt in range(1, _GONE_ATTEMPTS + 1):
       try:
-        return body()
+        with restore.pinning():
+          return body()
       except restore.CheckpointGoneError as e:
         folder = FLAGS[checkpoint_flag].value
         if (attempt == _GONE_ATTEMPTS or not folder or

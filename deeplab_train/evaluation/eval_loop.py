@@ -310,9 +310,12 @@ def evaluate(checkpoint_dir, eval_logdir, model_options, inference,
                                session_config=session_config) as predictor:
     for checkpoint_path in checkpoints:
       try:
-        result, scores = evaluate_checkpoint(
-            predictor, checkpoint_path, make_samples, dataset_info,
-            eval_options, inference)
+        # One-shot, the checkpoint was pinned when it was chosen; followed,
+        # each is pinned before the training run can delete it.
+        with restore_lib.pinned(checkpoint_path):
+          result, scores = evaluate_checkpoint(
+              predictor, checkpoint_path, make_samples, dataset_info,
+              eval_options, inference)
       except (tf.errors.NotFoundError, restore_lib.CheckpointGoneError) as e:
         if not eval_options.follow:
           raise

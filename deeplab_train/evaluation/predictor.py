@@ -83,10 +83,12 @@ def pad_images(images, size, mean_pixel):
 
 
 def resolve_checkpoint(path):
-  """The checkpoint prefix for a checkpoint dir (its latest) or a prefix.
+  """The checkpoint prefix for a checkpoint dir (its latest) or a prefix,
+  held (restore.hold) while a restore.pinning block runs.
 
   Raises:
     NoCheckpointError: nothing to restore at `path`.
+    restore.CheckpointGoneError: it was deleted before it was held.
   """
   if not path:
     raise NoCheckpointError('no checkpoint given: pass '
@@ -99,9 +101,10 @@ def resolve_checkpoint(path):
           'no checkpoint in %s (no "checkpoint" state file naming an existing '
           'model.ckpt-N); train first, or point '
           '{resolve_checkpoint.checkpoint_dir} at the train_logdir' % path)
-    return latest
-  if tf.io.gfile.exists(path + '.index'):
-    return path
+    return restore_lib.hold(latest)
+  # A checkpoint pinned by an earlier call is read from its pin.
+  if tf.io.gfile.exists(restore_lib.read_path(path) + '.index'):
+    return restore_lib.hold(path)
   raise NoCheckpointError('%s is neither a directory with checkpoints nor a '
                           'checkpoint prefix (no %s.index)' % (path, path))
 

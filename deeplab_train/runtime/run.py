@@ -29,6 +29,7 @@ from absl import logging
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
+from deeplab_train import restore
 from deeplab_train.config import errors
 from deeplab_train.data import pipeline
 from deeplab_train.runtime import checkpoint_state
@@ -493,6 +494,7 @@ def _starting_point(train_options, run_options):
   """(latest logdir checkpoint or None, its step, init checkpoint or None)."""
   logdir = run_options.train_logdir
   checkpoint_state.remove_killed_saves(logdir)
+  restore.remove_dead_pins(logdir)
   # Never start over on top of checkpoints whose state file was lost.
   latest = checkpoint_state.repair(logdir)
   step = checkpoint_step(latest) if latest else 0
