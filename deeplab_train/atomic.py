@@ -10,6 +10,7 @@ killed (their process is gone) are removed by the next write of the path.
 import contextlib
 import ctypes
 import errno
+import functools
 import json
 import os
 import re
@@ -214,11 +215,17 @@ _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
 
+@functools.lru_cache(maxsize=None)
+def _renameat2():
+  """The C library's renameat2, or None (not Linux, an old glibc)."""
+  return getattr(ctypes.CDLL(None, use_errno=True), 'renameat2', None)
+
+
 def _exchange(a, b):
   """Swaps the paths `a` and `b` in one step (Linux's renameat2 with
   RENAME_EXCHANGE); False where the C library or the file system cannot.
   """
-  renameat2 = getattr(ctypes.CDLL(None, use_errno=True), 'renameat2', None)
+  renameat2 = _renameat2()
   if renameat2 is None:
     return False
   if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b),
