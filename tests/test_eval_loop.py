@@ -123,6 +123,20 @@ def test_confusion_matrix_files_and_confused_pairs(tiny, tmp_path, capsys):
   assert 'most confused classes' in out and 'precision' in out
 
 
+def test_eval_at_another_output_stride_than_trained(tiny, tmp_path, capsys,
+                                                  caplog):
+  """--output_stride changes no variable: deeplab-eval takes it over the
+  saved options (the original's recipe evaluates at 8 what it trained at
+  16). Before, exit 2."""
+  with caplog.at_level('WARNING'):
+    code = et.run_cli(eval_cli, [
+        '--checkpoint_dir=' + tiny['train'], '--dataset_dir=' + tiny['data'],
+        '--eval_logdir=%s' % (tmp_path / 'eval'), '--output_stride=16'])
+  assert code == 0, capsys.readouterr().err
+  assert 'predicting with --output_stride=16 (trained with 8)' in caplog.text
+  assert 0 <= _last_json_line(capsys.readouterr().out)['miou'] <= 1
+
+
 def test_metrics_are_printed_when_the_results_cannot_be_written(
     tiny, tmp_path, capsys, monkeypatch):
   # Checked writable at the start, then the disk fills up by the end.
@@ -236,11 +250,14 @@ def test_class_count_of_another_dataset_names_its_source(tiny, tmp_path,
 
 
 def test_contradicting_model_flag_is_an_error(tiny, capsys):
+  """A model flag that changes the variables (unlike --output_stride:
+  test_eval_at_another_output_stride_than_trained)."""
   code = et.run_cli(eval_cli, ['--checkpoint_dir=' + tiny['train'],
                                '--dataset_dir=' + tiny['data'],
-                               '--output_stride=16'])
+                               '--depth_multiplier=0.5'])
   assert code == 2
-  assert '--output_stride=16 (trained with 8)' in capsys.readouterr().err
+  assert '--depth_multiplier=0.5 (trained with 0.25)' in (
+      capsys.readouterr().err)
 
 
 def test_checkpoint_of_another_network_is_explained(tiny, tmp_path):

@@ -320,6 +320,57 @@ def test_folder_without_checkpoints_names_the_flag(tmp_path, capsys):
   assert err.endswith('point --checkpoint_path at the train_logdir')
 
 
+def _dilations_and_space_to_batch(pb):
+  graph_def = tf.GraphDef()
+  graph_def.ParseFromString(pb.read_bytes())
+  block_shapes = set()
+  for node in graph_def.node:
+    if node.op == 'Const' and 'block_shape' in node.name:
+      block_shapes.add(tuple(tf.make_ndarray(node.attr['value'].tensor)))
+  return block_shapes
+
+
+def test_output_stride_and_atrous_rates_may_change_for_inference(
+    tmp_path, capsys, caplog):
+  """The original's recipe trains at output stride 16 with atrous rates 6,
+  12, 18, then evaluates and exports at 8 with 12, 24, 36. Those flags
+  (and --multi_grid) change no variable: eval, vis and export take them
+  over the saved options, saying so. Before, exit 2 ('model flags
+  contradict the options saved with the checkpoint'). Flags that change
+  the variables are still refused, and a number of rates the checkpoint
+  has no branches for fails at the restore, naming the variable."""
+  logdir = tmp_path / 'train'
+  et.write_checkpoint(str(logdir), et.tiny_model_options(
+      output_stride=16, atrous_rates=(6, 12, 18)))
+
+  def export(name, *flags):
+    pb = tmp_path / name
+    code = et.run_cli(export_cli, ['--checkpoint_path=%s' % logdir,
+                                   '--export_path=%s' % pb] + list(flags))
+    return code, pb, capsys.readouterr().err
+  code, os16, _ = export('os16.pb')
+  assert code == 0
+  with caplog.at_level('WARNING'):
+    code, os8, _ = export('os8.pb', '--output_stride=8', '--atrous_rates=12',
+                          '--atrous_rates=24', '--atrous_rates=36')
+  assert code == 0
+  assert ('predicting with --output_stride=8 (trained with 16)'
+          in caplog.text)
+  # The atrous convolutions' rates, as space-to-batch block shapes.
+  assert (24, 24) in _dilations_and_space_to_batch(os8)
+  assert (24, 24) not in _dilations_and_space_to_batch(os16)
+
+  code, _, err = export('dm.pb', '--depth_multiplier=0.5')
+  assert code == 2
+  assert ('model flags contradict the options saved with the checkpoint '
+          '(deeplab_config.json): --depth_multiplier=0.5 (trained with '
+          '0.25)') in err
+  code, _, err = export('two.pb', '--atrous_rates=12', '--atrous_rates=24')
+  assert code == 2
+  assert 'does not match the network built from the model options' in err
+  assert 'concat_projection/weights' in err
+
+
 @pytest.mark.slow
 def test_reference_checkpoint_reproduces_reference_predictions(
     reference_dir, tmp_path):

@@ -263,8 +263,15 @@ def explicitly_set(name):
   return FLAGS[name].present > 0
 
 
+# Model flags that change no variable, only the atrous rates of the
+# network: a checkpoint is evaluated, drawn or exported with other values
+# than it was trained with (the original's recipe trains at output stride
+# 16 with rates 6, 12, 18 and evaluates at 8 with 12, 24, 36).
+INFERENCE_FLAGS = ('output_stride', 'atrous_rates', 'multi_grid')
+
+
 def model_options(num_classes, crop_size, saved=None, defaults=None,
-                  num_classes_from='--num_classes'):
+                  num_classes_from='--num_classes', inference=False):
   """ModelOptions from the model flags, reconciled with saved options.
 
   Args:
@@ -276,6 +283,10 @@ def model_options(num_classes, crop_size, saved=None, defaults=None,
       original had other defaults); an explicit flag still wins.
     num_classes_from: where num_classes came from, for the message when it
       contradicts the saved options (see `classes_source`).
+    inference: the network restores a checkpoint to predict (eval, vis,
+      export): the INFERENCE_FLAGS given explicitly replace the saved
+      values, with a warning (a number of atrous rates the checkpoint has
+      no branches for fails when it is restored, naming them).
 
   Returns:
     A validated ModelOptions.
@@ -286,11 +297,16 @@ def model_options(num_classes, crop_size, saved=None, defaults=None,
   """
   values = _flag_model_values(defaults)
   if saved is not None:
-    conflicts = []
+    conflicts, changes = [], {}
     for name, value in values.items():
       saved_value = getattr(saved, name)
       flag = _MODEL_FIELD_FLAGS.get(name, name)
       if explicitly_set(flag) and _normalise(value) != _normalise(saved_value):
+        if inference and name in INFERENCE_FLAGS:
+          changes[name] = value
+          logging.warning('predicting with %s', _conflict(flag, value,
+                                                          saved_value))
+          continue
         conflicts.append(_conflict(flag, value, saved_value))
     problems = []
     if conflicts:
@@ -306,7 +322,7 @@ def model_options(num_classes, crop_size, saved=None, defaults=None,
                        config.RUN_CONFIG_FILENAME, num_classes))
     if problems:
       raise config.ConfigError('%s', ' '.join(problems))
-    return saved.replace(crop_size=crop_size).validate()
+    return saved.replace(crop_size=crop_size, **changes).validate()
   return config.ModelOptions(num_classes=num_classes, crop_size=crop_size,
                              **values).validate()
 

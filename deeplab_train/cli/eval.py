@@ -183,7 +183,8 @@ def options_from_flags():
                                     FLAGS.dataset_dir)
   model_options = common_flags.model_options(
       info.num_classes, None, saved=saved_model,
-      num_classes_from=common_flags.classes_source(FLAGS.dataset_dir))
+      num_classes_from=common_flags.classes_source(FLAGS.dataset_dir),
+      inference=True)
   inference = inference_flags.inference_options('eval_crop_size',
                                                 'eval_scales').validate()
   eval_options = config.EvalOptions(

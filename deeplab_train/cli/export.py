@@ -155,7 +155,8 @@ def options_from_flags():
       os.path.dirname(checkpoint))
   model_options = common_flags.model_options(
       _num_classes(saved_model), None, saved=saved_model,
-      defaults=EXPORT_MODEL_DEFAULTS if saved_model is None else None)
+      defaults=EXPORT_MODEL_DEFAULTS if saved_model is None else None,
+      inference=True)
   # Read once: the calibration's resizing is the exported graph's.
   resize = common_flags.resize_values(saved_pre)
   export_options = config.ExportOptions(

@@ -177,7 +177,8 @@ def options_from_flags():
       batch_size=FLAGS.vis_batch_size, dataset_info=info,
       model_options=common_flags.model_options(
           info.num_classes, None, saved=saved_model,
-          num_classes_from=common_flags.classes_source(FLAGS.dataset_dir)),
+          num_classes_from=common_flags.classes_source(FLAGS.dataset_dir),
+          inference=not exported_model),
       preprocess_options=preprocess_options,
       inference=inference_flags.inference_options(
           'vis_crop_size', 'eval_scales').validate(),
