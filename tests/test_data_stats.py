@@ -199,6 +199,44 @@ def test_write_dataset_json_enables_auto_weights(tmp_path, caplog):
       caplog.text)
 
 
+def test_records_of_a_dataset_the_original_was_taught_by_hand(tmp_path):
+  """A dataset added to the original's data_generator.py (its classes and
+  ignore label written there) has records but no dataset.json: --num_classes
+  and --ignore_label describe it, and --write_dataset_json records it for
+  every command. Before, only a built-in --dataset or a hand-written file."""
+  _original_records(str(tmp_path / 'train-00000-of-00001.tfrecord'),
+                    np.random.RandomState(5))
+  code, _, result = _run_stats(['--dataset_dir=%s' % tmp_path,
+                                '--dataset=shapes9'])
+  message = result['message']
+  assert code == 2
+  assert ("unknown dataset 'shapes9'" in message
+          and '--num_classes' in message and '--ignore_label' in message)
+  code, _, result = _run_stats(['--dataset_dir=%s' % tmp_path,
+                                '--dataset=cityscapes', '--ignore_label=0'])
+  assert code == 2
+  assert result['message'] == ('--dataset=cityscapes is described by the '
+                               'built-in dataset: drop --ignore_label')
+  code, _, result = _run_stats(['--dataset_dir=%s' % tmp_path,
+                                '--dataset=shapes9', '--num_classes=9',
+                                '--ignore_label=255', '--write_dataset_json'])
+  assert code == 0, result
+  assert (result['num_classes'], result['ignore_label']) == (9, 255)
+  info = datasets.read_dataset_json(str(tmp_path))
+  assert (info.name, info.num_classes, info.ignore_label) == ('shapes9', 9,
+                                                              255)
+  assert info.splits_to_sizes == {'train': 3}
+  assert info.split_statistics('train').num_images == 3
+  assert datasets.load_dataset_info('shapes9', str(tmp_path)) == info
+
+  # Described now: the flags would contradict it (as for a built-in one).
+  code, _, result = _run_stats(['--dataset_dir=%s' % tmp_path,
+                                '--dataset=shapes9', '--num_classes=9'])
+  assert code == 2
+  assert result['message'] == ('--dataset=shapes9 is described by %s: drop '
+                               '--num_classes' % (tmp_path / 'dataset.json'))
+
+
 @pytest.mark.parametrize('args, message', [
     (['--dataset_dir=/nonexistent/records'],
      '--dataset_dir=/nonexistent/records is not a folder'),

@@ -1,6 +1,7 @@
 """deeplab-stats: class statistics of a split's TFRecords.
 
   deeplab-stats --dataset_dir=TFRECORDS [--dataset=NAME] [--split=train]
+      [--num_classes=N --ignore_label=255] [--write_dataset_json]
 
 Reads every record of the split (ours, or the original DeepLab converter's:
 same tf.Example keys), decodes each label as the trainer does, and prints
@@ -12,10 +13,11 @@ labelled pixels, ignore over 30 % of the pixels, and ids that are neither a
 class nor the ignore label (e.g. palette PNGs stored as-is).
 
 The classes come from --dataset_dir/dataset.json, else from the built-in
-dataset --dataset. With --write_dataset_json the split's statistics are also
-recorded there (the file is created from the built-in descriptor when
-absent), e.g. for deeplab-train --label_weights=auto on records converted
-by the original DeepLab.
+dataset --dataset, else from --num_classes and --ignore_label (records of a
+dataset added to the original DeepLab's data_generator.py by hand). With
+--write_dataset_json the split's statistics are also recorded there (the
+file is created from that descriptor when absent), e.g. for deeplab-train
+--label_weights=auto on records converted by the original DeepLab.
 
 The other commands' flags (--model_variant, --master, ...) are refused:
 this command reads none of them.
@@ -55,6 +57,17 @@ _STATS_TABLE = (
      'Also record the split\'s statistics in --dataset_dir/dataset.json '
      '(created from the built-in --dataset when absent), where '
      'deeplab-train --label_weights=auto reads them.'),
+    # deeplab-build-data and -export define the same flags (same type and
+    # default); either definition may be the one registered when their
+    # modules are imported together.
+    ('integer', 'num_classes', 21,
+     'Classes of a --dataset that is neither built in nor described by a '
+     'dataset.json in --dataset_dir (e.g. one added to the original '
+     'DeepLab\'s data_generator.py); --write_dataset_json records it.',
+     {'allow_override': True}),
+    ('integer', 'ignore_label', 255,
+     'Ignore label of such a dataset (with --num_classes).',
+     {'allow_override': True}),
 )
 flag_table.define(_STATS_TABLE)
 # --dataset and --dataset_dir are the other commands' (cli/common_flags.py);
@@ -126,12 +139,39 @@ def _refuse_other_commands_flags():
 
 
 def _dataset_info():
-  """dataset.json, else the built-in --dataset; without --dataset the
-  file's own name is taken (no warning that it differs from the default)."""
-  if not common_flags.explicitly_set('dataset'):
-    info = datasets.read_dataset_json(FLAGS.dataset_dir)
-    if info is not None:
-      return info
+  """dataset.json, else the built-in --dataset, else the dataset that
+  --num_classes and --ignore_label describe; without --dataset the file's
+  own name is taken (no warning that it differs from the default).
+
+  Raises:
+    ConfigError: --num_classes or --ignore_label given for a described
+      dataset, or an unknown dataset without them.
+  """
+  described = datasets.read_dataset_json(FLAGS.dataset_dir)
+  by_flags = [name for name in ('num_classes', 'ignore_label')
+              if common_flags.explicitly_set(name)]
+  if by_flags:
+    if described is not None or FLAGS.dataset in datasets.BUILTIN_DATASETS:
+      where = (os.path.join(FLAGS.dataset_dir, datasets.DATASET_JSON)
+               if described is not None else 'the built-in dataset')
+      raise ConfigError(
+          '--dataset=%s is described by %s: drop %s', FLAGS.dataset, where,
+          ' and '.join('--' + name for name in by_flags))
+    if 'num_classes' not in by_flags:
+      raise ConfigError('--ignore_label describes a dataset with '
+                        '--num_classes: add it')
+    return datasets.DatasetInfo(
+        name=FLAGS.dataset, num_classes=FLAGS.num_classes,
+        ignore_label=FLAGS.ignore_label, splits_to_sizes={}).validate()
+  if described is not None and not common_flags.explicitly_set('dataset'):
+    return described
+  if described is None and FLAGS.dataset not in datasets.BUILTIN_DATASETS:
+    raise ConfigError(
+        'unknown dataset %r and no %s: describe its records with '
+        '--num_classes=N [--ignore_label=255] (and --write_dataset_json to '
+        'record it for the other commands), or use a built-in dataset (%s)',
+        FLAGS.dataset, os.path.join(FLAGS.dataset_dir, datasets.DATASET_JSON),
+        ', '.join(sorted(datasets.BUILTIN_DATASETS)))
   return datasets.load_dataset_info(FLAGS.dataset, FLAGS.dataset_dir)
 
 

@@ -309,8 +309,8 @@ def load_dataset_info(name, dataset_dir=None):
            else 'DATASET_DIR/%s' % DATASET_JSON)
   raise ConfigError(
       'unknown dataset %r and no %s: use a built-in dataset (%s) or write '
-      'the descriptor with deeplab-build-data (or by hand: num_classes, '
-      'ignore_label, splits_to_sizes)'
+      'the descriptor with deeplab-build-data (for records made elsewhere: '
+      'deeplab-stats --dataset=NAME --num_classes=N --write_dataset_json)'
       % (name, where, ', '.join(sorted(BUILTIN_DATASETS))))
 
 
