@@ -5,8 +5,6 @@ import errno
 import json
 import os
 import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +12,8 @@ from deeplab_train import atomic
 from deeplab_train import locking
 from deeplab_train.cli import app
 from deeplab_train.runtime import lock as lock_lib
+
+import train_testing as tt
 
 
 def _full_disk(*_):
@@ -127,18 +127,12 @@ def test_a_folder_is_replaced_without_a_moment_missing(tmp_path, monkeypatch):
   assert exchange == (os.uname().sysname == 'Linux')
 
 
-def _dead_pid():
-  process = subprocess.Popen([sys.executable, '-c', 'pass'])
-  process.wait()
-  return process.pid
-
-
 def test_temps_of_killed_writers_are_removed_by_the_next_write(tmp_path):
   """A killed writer leaves its temp (a partial .pb, a SavedModel folder);
   the next write of that path removes those of processes of this host that
   are gone, and leaves a live writer's and another host's alone."""
   host = socket.gethostname()
-  dead = _dead_pid()
+  dead = tt.dead_pid()
   model = tmp_path / 'model.pb'
   model.write_bytes(b'old')
   dead_temps = ['.model.pb.tmp-%d@%s' % (dead, host),

@@ -15,6 +15,7 @@ import tensorflow.compat.v1 as tf
 
 import eval_testing as et
 import reference_checkpoint
+import train_testing as tt
 from deeplab_train import config
 from deeplab_train import restore as restore_lib
 from deeplab_train.cli import export as export_cli
@@ -320,7 +321,7 @@ def test_folder_without_checkpoints_names_the_flag(tmp_path, capsys):
   assert err.endswith('point --checkpoint_path at the train_logdir')
 
 
-def _dilations_and_space_to_batch(pb):
+def _space_to_batch_block_shapes(pb):
   graph_def = tf.GraphDef()
   graph_def.ParseFromString(pb.read_bytes())
   block_shapes = set()
@@ -357,8 +358,8 @@ def test_output_stride_and_atrous_rates_may_change_for_inference(
   assert ('predicting with --output_stride=8 (trained with 16)'
           in caplog.text)
   # The atrous convolutions' rates, as space-to-batch block shapes.
-  assert (24, 24) in _dilations_and_space_to_batch(os8)
-  assert (24, 24) not in _dilations_and_space_to_batch(os16)
+  assert (24, 24) in _space_to_batch_block_shapes(os8)
+  assert (24, 24) not in _space_to_batch_block_shapes(os16)
 
   code, _, err = export('dm.pb', '--depth_multiplier=0.5')
   assert code == 2
@@ -483,12 +484,11 @@ def test_a_pinned_checkpoint_is_read_after_it_is_deleted(
   files = ('.index', '.data-00000-of-00001')
   for suffix in files:
     shutil.copyfile(tiny_ckpt + suffix, copy + suffix)
-  ended = subprocess.Popen(['true'])
-  ended.wait()
+  ended = tt.dead_pid()
   host = socket.gethostname()
-  dead = '.model.ckpt-3.pin.tmp-%d@%s' % (ended.pid, host)
+  dead = '.model.ckpt-3.pin.tmp-%d@%s' % (ended, host)
   others = ['.model.ckpt-4.pin.tmp-%d@%s' % (os.getppid(), host),
-            '.model.ckpt-5.pin.tmp-%d@elsewhere' % ended.pid]
+            '.model.ckpt-5.pin.tmp-%d@elsewhere' % ended]
   for name in [dead] + others:
     (tmp_path / name).mkdir()
   with restore_lib.pinning():

@@ -3,7 +3,6 @@ the JSON result; and the loss falling on sample images (slow)."""
 import json
 import os
 import socket
-import subprocess
 
 import numpy as np
 import pytest
@@ -420,10 +419,8 @@ def test_what_killed_saves_left_is_removed_on_resume(tmp_path, caplog):
   kept = ['notes.tmp' + uuid, 'model.ckpt-3.meta', 'model.ckpt-3.index']
   (tmp_path / kept[0]).write_bytes(b'x')
   # The checkpoint pins (hard links) of a killed and of a live reader.
-  ended = subprocess.Popen(['true'])
-  ended.wait()
   pins = ['.model.ckpt-2.pin.tmp-%d@%s' % (pid, socket.gethostname())
-          for pid in (ended.pid, os.getppid())]
+          for pid in (tt.dead_pid(), os.getppid())]
   for pin in pins:
     (tmp_path / pin).mkdir()
     (tmp_path / pin / 'model.ckpt-2.index').write_bytes(b'x')

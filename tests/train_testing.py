@@ -162,6 +162,13 @@ def finish(proc, timeout=timeouts.HANG_SECONDS):
   return proc.returncode, result, err
 
 
+def dead_pid():
+  """The pid of a process of this host that has ended."""
+  process = subprocess.Popen([sys.executable, '-c', 'pass'])
+  process.wait()
+  return process.pid
+
+
 def main_in_process(command, main, args):
   """Runs a command's main() in this process on the flags `args` (parsed
   anew, reset after): (exit code, stdout text, last JSON line as a dict)."""
