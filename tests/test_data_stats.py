@@ -235,6 +235,12 @@ def test_records_of_a_dataset_the_original_was_taught_by_hand(tmp_path):
   assert code == 2
   assert result['message'] == ('--dataset=shapes9 is described by %s: drop '
                                '--num_classes' % (tmp_path / 'dataset.json'))
+  # Without --dataset the file's dataset is named, not the default one.
+  code, _, result = _run_stats(['--dataset_dir=%s' % tmp_path,
+                                '--ignore_label=0'])
+  assert code == 2
+  assert result['message'] == ("dataset 'shapes9' is described by %s: drop "
+                               '--ignore_label' % (tmp_path / 'dataset.json'))
 
 
 @pytest.mark.parametrize('args, message', [

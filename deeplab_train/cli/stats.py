@@ -152,11 +152,17 @@ def _dataset_info():
               if common_flags.explicitly_set(name)]
   if by_flags:
     if described is not None or FLAGS.dataset in datasets.BUILTIN_DATASETS:
-      where = (os.path.join(FLAGS.dataset_dir, datasets.DATASET_JSON)
-               if described is not None else 'the built-in dataset')
-      raise ConfigError(
-          '--dataset=%s is described by %s: drop %s', FLAGS.dataset, where,
-          ' and '.join('--' + name for name in by_flags))
+      drop = ' and '.join('--' + name for name in by_flags)
+      if described is None:
+        raise ConfigError('--dataset=%s is described by the built-in '
+                          'dataset: drop %s', FLAGS.dataset, drop)
+      # Without --dataset, the file's own name (not the default) is meant.
+      named = ('--dataset=%s' % FLAGS.dataset
+               if common_flags.explicitly_set('dataset')
+               else 'dataset %r' % described.name)
+      raise ConfigError('%s is described by %s: drop %s', named,
+                        os.path.join(FLAGS.dataset_dir, datasets.DATASET_JSON),
+                        drop)
     if 'num_classes' not in by_flags:
       raise ConfigError('--ignore_label describes a dataset with '
                         '--num_classes: add it')
