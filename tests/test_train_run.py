@@ -135,6 +135,51 @@ def test_summaries_hold_losses_learning_rate_histograms_and_images(tmp_path):
   assert any(t.startswith('samples/semantic') for t in tags)
 
 
+def _events_by_kind(logdir):
+  """{events file name: {kind of record: count}} of a logdir."""
+  found = {}
+  for name in sorted(os.listdir(logdir)):
+    if name.startswith('events.out.tfevents'):
+      kinds = found.setdefault(name, {})
+      for event in tf.train.summary_iterator(os.path.join(logdir, name)):
+        kind = event.WhichOneof('what')
+        kinds[kind] = kinds.get(kind, 0) + 1
+  return found
+
+
+def test_the_graph_goes_into_the_first_runs_events_file_only(tmp_path):
+  """A resumed run wrote the graph and meta graph again (twice the size of
+  a checkpoint's .meta, on every resume: a cron job's disk filled with
+  copies), and a new run wrote the graph twice. A run starting in the same
+  second as the one before overwrote its events file."""
+  assert _train(tmp_path, steps=2, save_summaries_secs=1000).status == 'ok'
+  first = _events_by_kind(tmp_path)
+  assert len(first) == 1
+  assert list(first.values())[0].get('graph_def') == 1
+  assert list(first.values())[0].get('meta_graph_def') == 1
+  resumed = _train(tmp_path, steps=4, save_summaries_secs=1000)
+  assert (resumed.status, resumed.global_step) == ('ok', 4)
+  files = _events_by_kind(tmp_path)
+  (second,) = [kinds for name, kinds in files.items() if name not in first]
+  assert 'graph_def' not in second and 'meta_graph_def' not in second
+  assert second.get('summary', 0) >= 1   # the resumed run's summaries
+
+
+def test_events_files_of_runs_in_one_second_are_kept_apart(tmp_path):
+  """TensorFlow names an events file by its second and host: a run starting
+  in the second the one before started truncated the first one's file."""
+  for step in (1, 2):
+    with tf.Graph().as_default():
+      events = hooks_lib.EventsFile(str(tmp_path), None, with_graph=False)
+      events.writer.add_summary(tf.Summary(value=[tf.Summary.Value(
+          tag='loss', simple_value=float(step))]), step)
+      events.close()
+  steps = sorted(event.step for name in os.listdir(tmp_path)
+                 for event in tf.train.summary_iterator(str(tmp_path / name))
+                 if event.summary.value)
+  assert steps == [1, 2]
+
+
 def test_lock_refuses_a_second_holder_and_names_the_pid(tmp_path):
   with lock_lib.LogdirLock(str(tmp_path)):
     with pytest.raises(lock_lib.LogdirLockedError,

@@ -7,6 +7,7 @@ the MonitoredSession skips every hook's end(), so no final checkpoint of
 the broken weights is written either.
 """
 import datetime
+import itertools
 import os
 import signal
 import time
@@ -176,6 +177,41 @@ class TimeBudgetHook(tf.train.SessionRunHook):
       run_context.request_stop()
 
 
+class EventsFile:
+  """The one TensorBoard events file of a training run, made when first
+  written to.
+
+  The graph goes into it only in a run that starts the logdir (no
+  checkpoint yet). A resumed run's graph is the one already in the first
+  run's file; written again, it would take the size of a checkpoint's
+  .meta twice (graph and meta graph, 7 MB for a tiny mobilenet_v2) on every
+  resume, and a run stopped for a full disk would leave that much less
+  room to the next.
+  """
+
+  # TensorFlow names the file by the second and the host only, and a run
+  # starting in the same second as the one before would overwrite its
+  # file: the process and a count tell them apart (as TF2's writer does).
+  _made = itertools.count()
+
+  def __init__(self, logdir, graph, with_graph):
+    self._logdir = logdir
+    self._graph = graph if with_graph else None
+    self._writer = None
+
+  @property
+  def writer(self):
+    if self._writer is None:
+      self._writer = tf.summary.FileWriter(
+          self._logdir, graph=self._graph,
+          filename_suffix='.%d.%d' % (os.getpid(), next(self._made)))
+    return self._writer
+
+  def close(self):
+    if self._writer is not None:
+      self._writer.close()
+
+
 class CheckpointHook(tf.train.SessionRunHook):
   """Saves every `save_secs` seconds and/or `save_steps` steps, and at end.
 
@@ -187,10 +223,12 @@ class CheckpointHook(tf.train.SessionRunHook):
   """
 
   def __init__(self, saver, logdir, global_step, step_after, save_secs=None,
-               save_steps=None, filename='model.ckpt'):
+               save_steps=None, filename='model.ckpt', events=None):
     # `step_after` runs the training step: fetch it only with the train op;
-    # `global_step` is the plain read for outside a step.
+    # `global_step` is the plain read for outside a step. `events`: the
+    # run's EventsFile, which a run starting the logdir writes the graph to.
     self._saver = saver
+    self._events = events
     self._global_step = global_step
     self._prefix = os.path.join(logdir, filename)
     self._logdir = logdir
@@ -208,7 +246,8 @@ class CheckpointHook(tf.train.SessionRunHook):
     if latest is None:
       # Write the starting point (after init-from-checkpoint) and the graph
       # for TensorBoard.
-      tf.summary.FileWriterCache.get(self._logdir).add_graph(session.graph)
+      if self._events is not None:
+        self._events.writer.flush()
       self._save(session, step)
     else:
       self._last_step = step

@@ -107,6 +107,7 @@ class _Hooks:
   checkpoints: Optional[hooks_lib.CheckpointHook]  # None for a worker
   join: Optional[Any]  # a worker's cluster.JoinHook, else None
   validation: Optional[validation_lib.ValidationHook] = None
+  events: Optional[hooks_lib.EventsFile] = None  # None for a worker
 
 
 def train(model_options, train_options, run_options, *, ignore_label,
@@ -317,7 +318,7 @@ class TrainingRun:
         {'loss': g.total_loss, 'learning_rate': g.learning_rate,
          'step': g.step_after}, g.batch_size, last_step,
         run_options.log_steps)
-    join = checkpoints = validation = None
+    join = checkpoints = validation = events = None
     hook_list = []
     if self.role is Role.WORKER:
       join = cluster_lib.JoinHook(g.global_step, last_step,
@@ -331,21 +332,25 @@ class TrainingRun:
       hook_list.append(hooks_lib.TimeBudgetHook(run_options.max_run_seconds,
                                                 self.start, self.stop))
     if self.role.decides_weights:
+      events = hooks_lib.EventsFile(
+          run_options.train_logdir, g.graph,
+          with_graph=tf.train.latest_checkpoint(
+              run_options.train_logdir) is None)
       checkpoints = hooks_lib.CheckpointHook(
           g.saver, run_options.train_logdir, g.global_step, g.step_after,
           save_secs=run_options.save_interval_secs,
-          save_steps=run_options.save_interval_steps)
+          save_steps=run_options.save_interval_steps, events=events)
       hook_list.append(checkpoints)
       if self._validation is not None:
-        validation = self._validation_hook(g, checkpoints, last_step)
+        validation = self._validation_hook(g, checkpoints, last_step, events)
         hook_list.append(validation)
-      hook_list += self._chief_output_hooks(g)
+      hook_list += self._chief_output_hooks(g, events)
     if self.cluster is not None:
       hook_list += cluster_lib.optimizer_hooks(g.optimizer, self.cluster,
                                                g.global_step, last_step)
-    return _Hooks(hook_list, progress, checkpoints, join, validation)
+    return _Hooks(hook_list, progress, checkpoints, join, validation, events)
 
-  def _validation_hook(self, g, checkpoints, last_step):
+  def _validation_hook(self, g, checkpoints, last_step, events):
     """Scores what `checkpoints` saves (so it comes after it)."""
     spec = self.spec
     run_options = spec.run_options
@@ -356,16 +361,16 @@ class TrainingRun:
         run_options, evaluator, checkpoints.save_now, self._validation,
         validation_lib.metric_key(run_options.best_metric,
                                   spec.eval_data.dataset_info),
-        g.global_step, g.step_after, last_step, self.stop)
+        g.global_step, g.step_after, last_step, self.stop, events)
 
-  def _chief_output_hooks(self, g):
+  def _chief_output_hooks(self, g, events):
     """Summaries and profiles: written by the one who writes checkpoints."""
     run_options = self.spec.run_options
     out = []
     if run_options.save_summaries_secs:
       out.append(tf.train.SummarySaverHook(
           save_secs=run_options.save_summaries_secs,
-          output_dir=run_options.train_logdir, summary_op=g.summary_op))
+          summary_writer=events.writer, summary_op=g.summary_op))
     if run_options.profile_logdir:
       os.makedirs(run_options.profile_logdir, exist_ok=True)
       out.append(tf.train.ProfilerHook(
@@ -427,8 +432,9 @@ class TrainingRun:
     finally:
       if hooks.validation is not None:
         hooks.validation.close()
-      # Flushes and closes the summary writers (also after an error).
-      tf.summary.FileWriterCache.clear()
+      # Flushes and closes the events file (also after an error).
+      if hooks.events is not None:
+        hooks.events.close()
     return self._end(hooks, last_step, target, start_step)
 
   def _end(self, hooks, last_step, target, start_step):

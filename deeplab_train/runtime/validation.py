@@ -355,11 +355,13 @@ class ValidationHook(tf.train.SessionRunHook):
     global_step / step_after: the global step read, and after the update.
     last_step: the run's last step (reaching it is not an early stop).
     stop_state: the run's hooks.StopState.
+    events: the run's hooks.EventsFile (eval/ summaries go there).
   """
 
   def __init__(self, run_options, evaluate, save, state, key, global_step,
-               step_after, last_step, stop_state):
+               step_after, last_step, stop_state, events):
     self._options = run_options
+    self._events = events
     self._logdir = run_options.train_logdir
     self._evaluate = evaluate
     self._save = save
@@ -453,7 +455,7 @@ class ValidationHook(tf.train.SessionRunHook):
       if iou is not None:
         values.append(tf.Summary.Value(tag='eval/iou/%s' % name,
                                        simple_value=iou))
-    writer = tf.summary.FileWriterCache.get(self._logdir)
+    writer = self._events.writer
     writer.add_summary(tf.Summary(value=values), step)
     writer.flush()
 
