@@ -4,8 +4,15 @@
 # look-up, atomic writes, flag lists. Not meant to be run on its own.
 
 # Prints a timestamped message on stderr.
+# A log line (time, script, words) on stdout.
+log_line() {
+  printf '%s [%s] %s\n' "$(date '+%Y-%m-%d %H:%M:%S')" "${SCRIPT_NAME:-deeplab}" "$*"
+}
+
+# Logs to stderr. A line that cannot be written (a full disk under the log)
+# is lost, and the script goes on: it must still end with its own message.
 log() {
-  printf '%s [%s] %s\n' "$(date '+%Y-%m-%d %H:%M:%S')" "${SCRIPT_NAME:-deeplab}" "$*" >&2
+  log_line "$@" >&2 || true
 }
 
 # Prints an error and exits with status 1 (or $2).

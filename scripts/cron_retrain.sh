@@ -168,14 +168,54 @@ set_paths() {
 }
 
 # From here on, stdout and stderr go to this round's log; the summary goes
-# to the original stdout (fd 3).
+# to the original stdout (fd 3). When the log's first line cannot be
+# written (a full disk, a read-only folder), they stay on stderr and
+# LOG_PROBLEM says why: the round then ends there, once it holds the lock.
 open_log() {
+  local error
   STAMP=$(date '+%Y%m%d-%H%M%S')
   LOG_FILE="$LOG_DIR/cron-$STAMP.log"
   [[ ! -e $LOG_FILE ]] || LOG_FILE="$LOG_DIR/cron-$STAMP-$$.log"
   CLEANUP=()
+  LOG_PROBLEM=
   exec 3>&1
-  exec >>"$LOG_FILE" 2>&1
+  if error=$(log_line "start: data $DATA_DIR, work $WORK_DIR, log $LOG_FILE" 2>&1 >>"$LOG_FILE"); then
+    exec >>"$LOG_FILE" 2>&1
+  else
+    LOG_PROBLEM="cannot write the log $LOG_FILE (${error##*: }): free space in $LOG_DIR or make it writable; nothing else was done"
+    exec >&2
+  fi
+}
+
+# Runs a command as `run` does, keeping its stdout in memory until it ends
+# (a log on a full disk could not hold it); COMMAND_MESSAGE is then the
+# message of the JSON result line every deeplab command ends with, for the
+# summary (empty when there is none).
+run_keeping_message() {
+  local out rc=0
+  out=$(run "$@") || rc=$?
+  [[ -z $out ]] || printf '%s\n' "$out" || true
+  COMMAND_MESSAGE=$("$PYTHON" -c '
+import json, sys
+for line in reversed(sys.argv[1].splitlines()):
+  try:
+    result = json.loads(line)
+  except ValueError:
+    continue
+  if isinstance(result, dict) and result.get("event") == "result":
+    print(" ".join(str(result.get("message") or "").split()))
+    break
+' "$out" 2>/dev/null) || COMMAND_MESSAGE=
+  return "$rc"
+}
+
+# ": MESSAGE" of the command run last when it said one, else " (see the log)".
+command_said() {
+  if [[ -n $COMMAND_MESSAGE ]]; then
+    printf ': %s' "$COMMAND_MESSAGE"
+  else
+    printf ' (see the log)'
+  fi
 }
 
 # --- the policy: python -m deeplab_train.retrain ---------------------------------
@@ -277,11 +317,11 @@ build_tfrecords() {
   split_words extra "${BUILD_EXTRA_FLAGS:-}"
   CLEANUP+=("$tmp")
   log "data changed: converting $DATA_DIR"
-  run deeplab-build-data "${input[@]}" \
+  run_keeping_message deeplab-build-data "${input[@]}" \
     --output_dir="$tmp" --num_shards="$NUM_SHARDS" \
     --dataset_name="$DATASET_NAME" --num_classes="$NUM_CLASSES" \
     --ignore_label="$IGNORE_LABEL" \
-    ${extra[@]+"${extra[@]}"} || fail "deeplab-build-data failed on $DATA_DIR (see the log); the previous TFRecords and model are untouched"
+    ${extra[@]+"${extra[@]}"} || fail "deeplab-build-data failed on $DATA_DIR$(command_said); the previous TFRecords and model are untouched"
   [[ -f "$tmp/dataset.json" ]] || fail "deeplab-build-data wrote no dataset.json"
   mv "$tmp" "$out"
   switch_symlink "tfrecords/$STAMP" "$TFRECORD_LINK"
@@ -305,8 +345,8 @@ train_more() {
   fi
   split_words extra "$TRAIN_EXTRA_FLAGS"
   log "training $steps more steps (at most $MAX_RUN_SECONDS s)"
-  run deeplab-train "${flags[@]}" ${extra[@]+"${extra[@]}"} || rc=$?
-  TRAINER_EXIT_CODE=(--trainer_exit_code="$rc")
+  run_keeping_message deeplab-train "${flags[@]}" ${extra[@]+"${extra[@]}"} || rc=$?
+  TRAINER_EXIT_CODE=(--trainer_exit_code="$rc" --trainer_message="$COMMAND_MESSAGE")
 }
 
 # Evaluates checkpoint prefix $1 on the eval split into eval/$2/, whose
@@ -318,9 +358,9 @@ evaluate() {
   inference_flags eval "$DATASET_NAME" "$TFRECORD_LINK" "$EVAL_SPLIT" \
     "$checkpoint" "$EVAL_LOGDIR/$name" "${EVAL_CROP_SIZE-513,513}"
   split_words extra "${EVAL_EXTRA_FLAGS:-}"
-  run deeplab-eval "${INFERENCE_FLAGS[@]}" --max_number_of_evaluations=1 \
+  run_keeping_message deeplab-eval "${INFERENCE_FLAGS[@]}" --max_number_of_evaluations=1 \
     --eval_result_json="$result" ${extra[@]+"${extra[@]}"} || rc=$?
-  ((rc == 0)) || fail "deeplab-eval failed with exit status $rc on $checkpoint (see the log)"
+  ((rc == 0)) || fail "deeplab-eval failed with exit status $rc on $checkpoint$(command_said)"
 }
 
 # Exports $CHECKPOINT (in train/ or train/best/) into
@@ -328,7 +368,7 @@ evaluate() {
 # deeplab_config.json beside it and its metrics, then switches `current` to
 # it; sets EXPORT_NAME.
 promote() {
-  local name="$STAMP-step${FACTS[global_step]}" tmp extra rc=0
+  local name="$STAMP-step${FACTS[global_step]}" tmp extra rc=0 error
   [[ ! -e "$EXPORTS_DIR/$name" ]] || name+="-$$"
   tmp="$EXPORTS_DIR/.tmp-$name"
   CLEANUP+=("$tmp")
@@ -336,15 +376,16 @@ promote() {
   split_words extra "${EXPORT_EXTRA_FLAGS:-}"
   # The model options (classes included) come from the deeplab_config.json
   # that deeplab-train saved beside the checkpoint.
-  run deeplab-export --checkpoint_path="$CHECKPOINT" \
+  run_keeping_message deeplab-export --checkpoint_path="$CHECKPOINT" \
     --export_path="$tmp/frozen_inference_graph.pb" \
     --saved_model_dir="$tmp/saved_model" \
     --crop_size="${EXPORT_CROP_SIZE:-513,513}" ${extra[@]+"${extra[@]}"} || rc=$?
-  ((rc == 0)) || fail "deeplab-export failed with exit status $rc (see the log); current model untouched"
+  ((rc == 0)) || fail "deeplab-export failed with exit status $rc$(command_said); current model untouched"
   # The checkpoint travels with the export so that a later run can
   # re-evaluate the current model when the evaluation data changes.
-  cp "$CHECKPOINT".* "$(dirname "$CHECKPOINT")/deeplab_config.json" \
-    "$tmp/checkpoint/"
+  error=$(cp "$CHECKPOINT".* "$(dirname "$CHECKPOINT")/deeplab_config.json" \
+    "$tmp/checkpoint/" 2>&1) ||
+    fail "cannot copy $CHECKPOINT into the export (${error##*: }); current model untouched"
   ask describe_export --export_dir="$tmp" --checkpoint="$CHECKPOINT" \
     --new_result="$EVAL_LOGDIR/new/result.json" --split="$EVAL_SPLIT"
   mv "$tmp" "$EXPORTS_DIR/$name"
@@ -399,10 +440,11 @@ main() {
   # The running command finishes first (deeplab-train saves a checkpoint on
   # SIGTERM), then the round ends as a failure (exit 1).
   trap 'fail "interrupted by a signal"' TERM INT HUP
-  log "start: data $DATA_DIR, work $WORK_DIR, log $LOG_FILE"
 
-  exec 9>>"$LOCK_FILE"
+  exec 9>>"$LOCK_FILE" ||
+    fail "cannot open the lock file $LOCK_FILE${LOG_PROBLEM:+; $LOG_PROBLEM}"
   flock -n 9 || finish "$EXIT_BUSY" busy "another $SCRIPT_NAME holds $LOCK_FILE"
+  [[ -z $LOG_PROBLEM ]] || fail "$LOG_PROBLEM"
   need_cmd deeplab-build-data deeplab-train deeplab-eval deeplab-export
   # Left by a run that was killed: nothing else writes here while we hold
   # the lock.

@@ -10,7 +10,9 @@ import hashlib
 import os
 import pathlib
 import re
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -134,12 +136,21 @@ def script_env(**overrides):
   return env
 
 
-def run_script(name, *args, env=None, timeout=timeouts.HANG_SECONDS):
+def no_room_to_write():
+  """preexec_fn of a process (and its children) whose writes to files fail
+  as on a full disk: no file may grow (EFBIG instead of ENOSPC, the same
+  paths in the code); pipes are not files, so its stdout still works."""
+  resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # inherited across exec
+
+
+def run_script(name, *args, env=None, timeout=timeouts.HANG_SECONDS,
+               preexec_fn=None):
   """Runs scripts/<name> with bash; returns the CompletedProcess."""
   return subprocess.run(
       ['bash', str(SCRIPTS / name)] + [str(a) for a in args],
       env=env if env is not None else script_env(), capture_output=True,
-      text=True, timeout=timeout, check=False)
+      text=True, timeout=timeout, check=False, preexec_fn=preexec_fn)
 
 
 def describe(proc):

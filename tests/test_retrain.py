@@ -21,6 +21,8 @@ from deeplab_train.retrain import records
 from deeplab_train.retrain import settings
 from deeplab_train.retrain import state
 
+import fake_voc
+
 FP = 'f' * 64        # a data fingerprint
 NEW_FP = 'e' * 64    # the data after a change
 BUDGET = policy.Budget(steps_per_run=1000, max_total_steps=5000)
@@ -169,6 +171,14 @@ def test_trainer_failures_fail_the_round(code, words):
   assert (outcome.exit_code, outcome.status) == (policy.EXIT_FAILURE,
                                                  'failed')
   assert words in outcome.message
+
+
+def test_trainer_failures_say_what_the_trainer_said():
+  said = 'cannot save checkpoint /w/train/model.ckpt-9: no space left on device'
+  outcome = policy.training_outcome(101, TRAINER_CODES, '/w/train', said)
+  assert outcome.message == 'deeplab-train failed with exit status 101: ' + said
+  outcome = policy.training_outcome(102, TRAINER_CODES, '/w/train', 'bad')
+  assert outcome.message == 'deeplab-train rejected its input (exit 102): bad'
 
 
 def test_codes_are_not_taken_by_value():
@@ -534,11 +544,12 @@ def test_current_model_is_read_through_the_link(tmp_path):
     state.read_miou(str(tmp_path / 'absent.json'))
 
 
-def _ask(*args):
+def _ask(*args, no_room=False):
   proc = subprocess.run(
       [sys.executable, '-m', 'deeplab_train.retrain'] + [str(a) for a in args],
       capture_output=True, text=True, check=False,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'),
+      preexec_fn=fake_voc.no_room_to_write if no_room else None)
   return proc
 
 
@@ -569,6 +580,19 @@ def test_command_summary_writes_last_run_unless_busy(tmp_path):
   assert json.loads(last_run.read_text()) == json.loads(proc.stdout) == {
       'status': 'promoted', 'exit_code': 0, 'message': 'm', 'log': 'l',
       'global_step': 2, 'miou': 0.125}
+
+
+def test_command_summary_removes_a_last_run_it_cannot_replace(tmp_path):
+  """A round that cannot write last_run.json (a full disk) left the one of
+  an earlier round, which could say it promoted."""
+  last_run = tmp_path / 'last_run.json'
+  last_run.write_text('{"status": "promoted", "exit_code": 0}\n')
+  proc = _ask('summary', '--exit_code=1', '--status=failed', '--message=m',
+              '--log_file=l', '--last_run', last_run, no_room=True)
+  assert proc.returncode == 0, proc.stderr
+  assert json.loads(proc.stdout)['status'] == 'failed'
+  assert not last_run.exists()
+  assert "removed the previous round's" in proc.stderr
 
 
 def test_command_checks_settings():

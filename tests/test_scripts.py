@@ -94,6 +94,58 @@ def test_cron_missing_data_folder_fails_without_touching_work(tmp_path):
   assert not (work / 'exports' / 'current').exists()
 
 
+def test_cron_round_on_a_full_disk_still_ends_with_its_summary(tmp_path):
+  """With no room to write (the log included), the round printed nothing
+  and exited 1, and last_run.json still held an earlier round's success."""
+  cron = Cron(tmp_path)
+  cron.work.mkdir()
+  (cron.work / 'last_run.json').write_text(
+      '{"status": "promoted", "exit_code": 0}\n')
+  proc = fake_voc.run_script(
+      'cron_retrain.sh', '--data_dir', cron.data, '--work_dir', cron.work,
+      env=fake_voc.script_env(**cron.settings),
+      preexec_fn=fake_voc.no_room_to_write)
+  assert proc.returncode == 1, fake_voc.describe(proc)
+  summary = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert summary['status'] == 'failed'
+  assert summary['message'].startswith('cannot write the log %s' % (
+      cron.work / 'logs')), summary
+  assert 'File too large' in summary['message']   # what RLIMIT_FSIZE says
+  assert not (cron.work / 'last_run.json').exists()
+  assert not list((cron.work / 'train').iterdir())
+
+
+def test_cron_summary_says_why_a_command_failed(tmp_path):
+  """The summary said only 'deeplab-train failed with exit status 1 (see
+  the log)'; the command's own message (a full disk, ...) is in it now."""
+  cron = Cron(tmp_path)
+  stubs = tmp_path / 'stubs'
+  stubs.mkdir()
+  said = 'cannot save checkpoint X: no space left on device. Free space'
+  for command, body in (
+      # Records (the policy reads dataset.json's splits) then a failure.
+      ('deeplab-build-data',
+       'for a in "$@"; do case $a in --output_dir=*) d=${a#*=};; esac; done\n'
+       'mkdir -p "$d" && printf \'{}\' > "$d/dataset.json"\n'),
+      ('deeplab-train',
+       'echo \'{"event": "result", "status": "error", "message": "%s"}\'\n'
+       'exit 1\n' % said)):
+    (stubs / command).write_text('#!/bin/sh\n' + body)
+    (stubs / command).chmod(0o755)
+  for command in ('deeplab-eval', 'deeplab-export'):
+    (stubs / command).write_text('#!/bin/sh\nexit 9\n')
+    (stubs / command).chmod(0o755)
+  env = fake_voc.script_env(**cron.settings)
+  env['PATH'] = '%s:%s' % (stubs, env['PATH'])
+  proc = fake_voc.run_script('cron_retrain.sh', '--data_dir', cron.data,
+                             '--work_dir', cron.work, env=env)
+  assert proc.returncode == 1, fake_voc.describe(proc)
+  summary = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert summary['message'] == (
+      'deeplab-train failed with exit status 1: ' + said), summary
+  assert said in cron.log_of(summary)   # its line is in the log as before
+
+
 # ---------------------------------------------------------------------------
 # The recipes' command lines (stub commands that record their arguments).
 # ---------------------------------------------------------------------------
@@ -608,6 +660,7 @@ def test_cron_retrain_rounds(tmp_path):
   assert proc.returncode == 1, fake_voc.describe(proc)
   assert summary['status'] == 'failed'
   assert 'deeplab-build-data failed' in summary['message']
+  assert label.name in summary['message'], summary   # what the build said
   assert cron.current_target() == second
   assert (cron.current / 'frozen_inference_graph.pb').is_file()
   assert os.readlink(cron.work / 'tfrecord') == records

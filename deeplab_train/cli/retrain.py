@@ -43,7 +43,7 @@ Questions (and the flags each needs, besides the facts):
              summary.global_step of it, and the end unless it is to be
              judged. --state_dir [--checkpoint] [--best_checkpoint]
              --candidate [--train_extra_flags] [--trainer_exit_code]
-             --trainer_logdir
+             [--trainer_message] --trainer_logdir
   judge      action=promote|keep|reevaluate and message, from the new
              checkpoint's eval result and the current export's metrics.json
              (or --current_result, after action=reevaluate).
@@ -124,6 +124,8 @@ flags.DEFINE_string('records_in_use', None,
 flags.DEFINE_integer('trainer_exit_code', None,
                      "deeplab-train's exit status, when the round trained.")
 flags.DEFINE_string('trainer_logdir', None, "deeplab-train's logdir.")
+flags.DEFINE_string('trainer_message', None,
+                    "The message of deeplab-train's JSON result line.")
 # judge, describe_export
 flags.DEFINE_string('new_result', None,
                     "deeplab-eval's result JSON for the new checkpoint.")
@@ -274,7 +276,8 @@ def _candidate(answer, unused_args):
   trained = FLAGS.trainer_exit_code is not None
   if trained:
     outcome = policy.training_outcome(
-        FLAGS.trainer_exit_code, trainer_exit_codes(), FLAGS.trainer_logdir)
+        FLAGS.trainer_exit_code, trainer_exit_codes(), FLAGS.trainer_logdir,
+        FLAGS.trainer_message)
     if outcome is not None:
       answer.extend(_end(outcome))
       return
@@ -351,8 +354,17 @@ def _summary(unused_answer, unused_args):
     try:
       state.write_summary(FLAGS.last_run, line)
     except OSError as e:
-      # The line on stdout still tells cron how the round went.
+      # The line on stdout still tells cron how the round went; an earlier
+      # round's summary left in place would tell another story.
       logging.warning('could not write %s: %s', FLAGS.last_run, e)
+      try:
+        os.remove(FLAGS.last_run)
+        logging.warning('removed the previous round\'s %s', FLAGS.last_run)
+      except FileNotFoundError:
+        pass
+      except OSError as e:
+        logging.warning('could not remove the previous round\'s %s either: '
+                        '%s', FLAGS.last_run, e)
   print(line)
 
 

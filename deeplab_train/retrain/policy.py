@@ -264,13 +264,16 @@ def trainer_status(exit_code, trainer_exit_codes):
   return None
 
 
-def training_outcome(exit_code, trainer_exit_codes, train_logdir):
+def training_outcome(exit_code, trainer_exit_codes, train_logdir,
+                     trainer_message=None):
   """How the round ends after deeplab-train exited with `exit_code`.
 
   Args:
     exit_code: deeplab-train's exit status.
     trainer_exit_codes: the trainer's table, status -> exit code.
     train_logdir: the trainer's logdir, for messages.
+    trainer_message: the message of deeplab-train's JSON result line (why
+      it failed, e.g. a full disk), if it printed one.
 
   Returns:
     None when training succeeded (the round goes on), else the Outcome:
@@ -285,11 +288,12 @@ def training_outcome(exit_code, trainer_exit_codes, train_logdir):
   if status == TRAINER_NON_FINITE_LOSS:
     return failed('training stopped on a NaN loss (no NaN checkpoint was '
                   'saved); lower BASE_LEARNING_RATE?')
+  said = (': %s' % trainer_message) if trainer_message else ' (see the log)'
   if status == TRAINER_BAD_INPUT:
-    return failed('deeplab-train rejected its input (exit %d, see the log)'
-                  % exit_code)
-  return failed('deeplab-train failed with exit status %d (see the log)'
-                % exit_code)
+    return failed('deeplab-train rejected its input (exit %d)%s'
+                  % (exit_code, said))
+  return failed('deeplab-train failed with exit status %d%s'
+                % (exit_code, said))
 
 
 def candidate_outcome(checkpoint_step, fingerprint, state, trained,
