@@ -183,6 +183,45 @@ def test_early_stopping_when_the_metric_cannot_improve(tmp_path, records):
   assert result['global_step'] == 2 and len(_history(logdir)) == 2
 
 
+def test_an_evaluation_lost_to_a_full_disk_is_scored_by_the_next_run(
+    tmp_path, records, monkeypatch):
+  """The history's write failing (a full disk) ended the run as an
+  unexpected error without step or checkpoint; and the next run, with
+  nothing left to train, never scored the last checkpoint."""
+  logdir = tmp_path / 'log'
+  args = tt.tiny_cli_args(logdir, records, 3, '--base_learning_rate=0',
+                          '--eval_interval_steps=2')
+  write_history = validation.write_history
+
+  def disk_full_at_step_3(path, history):
+    if history[-1]['step'] == 3:
+      raise OSError(28, 'No space left on device')
+    write_history(path, history)
+  monkeypatch.setattr(validation, 'write_history', disk_full_at_step_3)
+  code, result = _main(args)
+  assert code == 1, result
+  assert (result['stop_reason'], result['global_step']) == (
+      'validation_not_saved', 3), result
+  assert result['checkpoint'].endswith('model.ckpt-3')
+  assert result['message'].startswith(
+      'cannot keep the evaluation of step 3: cannot write %s: no space left '
+      'on device. Free space in %s and run again' % (
+          logdir / 'metrics_history.jsonl', logdir)), result
+  assert [r['step'] for r in _history(logdir)] == [2]
+
+  monkeypatch.setattr(validation, 'write_history', write_history)
+  code, result = _main(args)
+  assert code == 0 and result['stop_reason'] == 'nothing_to_do', result
+  assert 'scored step 3, which the run that saved it did not' in (
+      result['message'])
+  assert [r['step'] for r in _history(logdir)] == [2, 3]
+  assert _best(logdir)['step'] == 2   # an equal mIoU does not replace it
+  # Once scored, it is not scored again.
+  code, result = _main(args)
+  assert code == 0 and 'scored' not in result['message'], result
+  assert [r['step'] for r in _history(logdir)] == [2, 3]
+
+
 @pytest.mark.slow
 def test_kill_9_then_resume_keeps_best_history_and_count(tmp_path, records):
   # The kill lands between the 2nd and the (patience + 1)th evaluation.

@@ -23,7 +23,7 @@ written to --result_json):
 stop_reason: finished, num_steps_more, time_budget, signal:SIGTERM /
 signal:SIGINT, early_stopping, nothing_to_do, input_exhausted,
 chief_stopped (a cluster worker), bad_input, non_finite_loss,
-checkpoint_not_saved, locked, error.
+checkpoint_not_saved, validation_not_saved, locked, error.
 
 Validation during training (single machine only; refused on a cluster):
 
@@ -47,7 +47,9 @@ evaluations in a row without an improvement of more than
 batch norm trained from its initial moving averages the first thousands of
 steps score near nothing). The history, the best and the count survive a
 restart, also after kill -9; a logdir whose history already used up the
-patience is not trained again (stop_reason early_stopping).
+patience is not trained again (stop_reason early_stopping). A run with
+nothing left to train scores the latest checkpoint when the run that saved
+it did not (killed before, or stopped by a full disk), then exits 0.
 
 Exit codes:
   0   finished (training_number_of_steps or --num_steps_more reached), time
@@ -65,7 +67,9 @@ Exit codes:
 A first SIGTERM/SIGINT is honoured from the first second (also while
 TensorFlow loads). A checkpoint that cannot be saved (full disk) ends the run
 with exit 1 and stop_reason checkpoint_not_saved; its partial files are
-removed and the previous checkpoint stays the latest.
+removed and the previous checkpoint stays the latest. An evaluation whose
+best/ or history cannot be written ends it with exit 1 and stop_reason
+validation_not_saved; the next run scores that checkpoint again.
 
 On a cluster (TensorFlow's parameter servers and workers, see
 docs/distributed.md) every task runs the same command with its own

@@ -234,10 +234,15 @@ class TrainingRun:
     self._start_step = start_step
     target = spec.train_options.training_number_of_steps
     if start_step >= target:
+      scored = ''
+      if latest and self.role.decides_weights and spec.run_options.validates:
+        failed, scored = self._score_unscored(latest, start_step)
+        if failed is not None:
+          return failed
       detail = errors.Message(
           'nothing to do: %s is at step %d, '
-          '{TrainOptions.training_number_of_steps}=%d',
-          spec.run_options.train_logdir, start_step, target)
+          '{TrainOptions.training_number_of_steps}=%d%s',
+          spec.run_options.train_logdir, start_step, target, scored)
       logging.info('%s', detail)
       return self._result('ok', 'nothing_to_do', global_step=start_step,
                           checkpoint=latest, detail=detail)
@@ -272,6 +277,35 @@ class TrainingRun:
     if self.stop.reason:
       return self._stopped_before_training(start_step, latest)
     return self._session_loop(g, last_step, target, start_step)
+
+  def _score_unscored(self, latest, step):
+    """With nothing to train, a validating run scores the latest checkpoint
+    when the run that saved it did not (it was killed before, or could not
+    write best/ or the history).
+
+    Returns:
+      (a RunResult when best/ or the history could not be written, else
+      None; '' or words on the evaluation for the result's message).
+    """
+    self._validation = self._validation_state()
+    if step in {int(r['step']) for r in self._validation.records}:
+      return None, ''
+    logging.info('scoring %s: the run that saved it did not', latest)
+    events = hooks_lib.EventsFile(self.spec.run_options.train_logdir, None,
+                                  with_graph=False)
+    with tf.Graph().as_default():
+      validator = self._validator(events)
+      try:
+        validator.score(latest, step)
+      except validation_lib.ValidationNotSavedError as e:
+        logging.error('%s', e)
+        return self._result('error', 'validation_not_saved', global_step=step,
+                            checkpoint=latest, message=str(e)), ''
+      finally:
+        validator.close()
+        events.close()
+    return None, '; scored step %d, which the run that saved it did not: %s' % (
+        step, validator.summary())
 
   def _validation_state(self):
     """The ValidationState read back from the logdir."""
@@ -350,18 +384,23 @@ class TrainingRun:
                                                g.global_step, last_step)
     return _Hooks(hook_list, progress, checkpoints, join, validation, events)
 
-  def _validation_hook(self, g, checkpoints, last_step, events):
-    """Scores what `checkpoints` saves (so it comes after it)."""
+  def _validator(self, events):
+    """The Validator of the run's validation state."""
     spec = self.spec
     run_options = spec.run_options
     evaluator = validation_lib.Evaluator(
         spec.eval_data, run_options.eval_split, spec.model_options,
         spec.preprocess_options)
-    return validation_lib.ValidationHook(
-        run_options, evaluator, checkpoints.save_now, self._validation,
+    return validation_lib.Validator(
+        run_options, evaluator, self._validation,
         validation_lib.metric_key(run_options.best_metric,
-                                  spec.eval_data.dataset_info),
-        g.global_step, g.step_after, last_step, self.stop, events)
+                                  spec.eval_data.dataset_info), events)
+
+  def _validation_hook(self, g, checkpoints, last_step, events):
+    """Scores what `checkpoints` saves (so it comes after it)."""
+    return validation_lib.ValidationHook(
+        self.spec.run_options, self._validator(events), checkpoints.save_now,
+        g.global_step, g.step_after, last_step, self.stop)
 
   def _chief_output_hooks(self, g, events):
     """Summaries and profiles: written by the one who writes checkpoints."""
@@ -412,6 +451,12 @@ class TrainingRun:
                           global_step=hooks.progress.step,
                           loss=hooks.progress.loss, checkpoint=e.previous,
                           message=str(e))
+    except validation_lib.ValidationNotSavedError as e:
+      logging.error('%s', e)
+      return self._result('error', 'validation_not_saved', global_step=e.step,
+                          loss=hooks.progress.loss,
+                          checkpoint=tf.train.latest_checkpoint(logdir),
+                          message=str(e))
     except hooks_lib.NonFiniteLossError as e:
       logging.error('%s', e)
       return self._result('non_finite_loss', 'non_finite_loss',
@@ -431,7 +476,7 @@ class TrainingRun:
                           message=message)
     finally:
       if hooks.validation is not None:
-        hooks.validation.close()
+        hooks.validation.validator.close()
       # Flushes and closes the events file (also after an error).
       if hooks.events is not None:
         hooks.events.close()
@@ -462,7 +507,7 @@ class TrainingRun:
     where = ('checkpoint %s' % checkpoint if self.role.decides_weights
              else 'the chief writes the checkpoints')
     if hooks.validation is not None:
-      where += '; %s' % hooks.validation.summary()
+      where += '; %s' % hooks.validation.validator.summary()
     return self._result('ok', reason, global_step=step, loss=progress.loss,
                         checkpoint=checkpoint,
                         message='stopped at step %d (%s); %s'

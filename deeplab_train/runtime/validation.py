@@ -340,69 +340,89 @@ class Evaluator:
       self._predictor = None
 
 
-class ValidationHook(tf.train.SessionRunHook):
-  """Evaluates, keeps the best checkpoint and stops early (see the module
-  docstring). Put it after the CheckpointHook: it evaluates what that hook
-  saved.
+class ValidationNotSavedError(RuntimeError):
+  """An evaluation's best/ or history could not be written (e.g. a full
+  disk); the checkpoint is saved, and the next run scores it again."""
+
+  def __init__(self, path, reason, step):
+    no_space = 'no space left' in reason.lower()
+    super().__init__(
+        'cannot keep the evaluation of step %d: cannot write %s: %s. %s; '
+        'the checkpoint of step %d is saved and the next run scores it '
+        'again' % (step, path, 'no space left on device' if no_space
+                   else reason,
+                   ('Free space in %s and run again' % os.path.dirname(path)
+                    if no_space else 'Check that the folder is writable'),
+                   step))
+    self.path = path
+    self.step = step
+
+
+class Validator:
+  """Scores checkpoints, keeping the history, best/ and eval/ summaries
+  (see the module docstring).
 
   Args:
     run_options: RunOptions (eval_interval_steps set).
     evaluate: fn(checkpoint prefix, step) -> history record (an Evaluator).
-    save: fn(session, step) -> the checkpoint prefix of that step, written
-      if needed (CheckpointHook.save_now).
     state: the ValidationState read back from the logdir (load_state).
     key: metric_key of run_options.best_metric.
-    global_step / step_after: the global step read, and after the update.
-    last_step: the run's last step (reaching it is not an early stop).
-    stop_state: the run's hooks.StopState.
     events: the run's hooks.EventsFile (eval/ summaries go there).
   """
 
-  def __init__(self, run_options, evaluate, save, state, key, global_step,
-               step_after, last_step, stop_state, events):
+  def __init__(self, run_options, evaluate, state, key, events):
     self._options = run_options
-    self._events = events
     self._logdir = run_options.train_logdir
     self._evaluate = evaluate
-    self._save = save
     self.state = state
     self._key = key
-    self._global_step = global_step
-    self._step_after = step_after
-    self._last_step = last_step
-    self._stop = stop_state
-    self._evaluated_step = (int(state.records[-1]['step']) if state.records
-                            else None)
+    self._events = events
 
-  def before_run(self, run_context):
-    return tf.train.SessionRunArgs(self._step_after)
+  @property
+  def evaluated_steps(self):
+    return {int(record['step']) for record in self.state.records}
 
-  def after_run(self, run_context, run_values):
-    step = int(run_values.results)
-    if step % self._options.eval_interval_steps or self._stopping_quickly():
-      return
-    self._validate(run_context.session, step)
-    if (self.state.patience_used_up(self._options.early_stopping_patience)
-        and step < self._last_step):
-      logging.info(
-          'Early stopping at step %d: %d evaluation(s) in a row without an '
-          'improvement of %s by more than %g', step,
-          self.state.without_improvement, self._options.best_metric,
-          self._options.early_stopping_min_delta)
-      self._stop.request(EARLY_STOPPING)
-      run_context.request_stop()
+  def score(self, checkpoint, step):
+    """Evaluates `checkpoint` (of global step `step`) and keeps the result.
 
-  def end(self, session):
-    step = int(session.run(self._global_step))
-    if step != self._evaluated_step and not self._stopping_quickly():
-      self._validate(session, step)
+    Raises:
+      ValidationNotSavedError: best/ or the history could not be written.
+    """
+    record = self._evaluate(checkpoint, step)
+    value = metric_value(record, self._key)
+    if improves(value, self.state.best_value):
+      best = {'step': step, 'metric': self._options.best_metric,
+              'value': value, 'checkpoint': os.path.basename(checkpoint),
+              'record': record}
+      self._write(best_dir(self._logdir), step, save_best, self._logdir,
+                  checkpoint, best)
+      self.state.best = best
+    self.state.add(record, self._key, self._options.early_stopping_min_delta,
+                   self._options.early_stopping_start_step)
+    self._write(history_path(self._logdir), step, write_history, self._logdir,
+                self.state.records)
+    self._write_summary(record, step)
+    best = self.state.best
+    logging.info('Evaluation of step %d on split %r: mIoU %s, %s %s (%s), '
+                 '%.1f s', step, self._options.eval_split,
+                 _show(record['miou']), self._options.best_metric,
+                 _show(value), 'no best yet' if best is None else
+                 'best %s at step %d' % (_show(best['value']), best['step']),
+                 record['seconds'])
+    if value is None:
+      logging.warning('%s is undefined at step %d: the class is neither in '
+                      'the labels of split %r nor in the predictions; no '
+                      'checkpoint is kept as the best by it',
+                      self._options.best_metric, step,
+                      self._options.eval_split)
 
-  def _stopping_quickly(self):
-    """A signal or the time budget asked the run to stop: no evaluation
-    delays it (the final checkpoint is still written)."""
-    reason = self._stop.reason or ''
-    return (reason.startswith(hooks_lib.SIGNAL_PREFIX)
-            or reason == hooks_lib.TIME_BUDGET)
+  def _write(self, path, step, write, *args):
+    try:
+      write(*args)
+    except OSError as e:
+      # Ends the run; the next one reads back a history without this step.
+      raise ValidationNotSavedError(
+          path, e.strerror or hooks_lib.write_error_reason(e), step) from e
 
   def close(self):
     """Releases the evaluator's session (also after an error)."""
@@ -419,35 +439,6 @@ class ValidationHook(tf.train.SessionRunHook):
         best['metric'], _show(best['value']), best['step'],
         best_dir(self._logdir))
 
-  def _validate(self, session, step):
-    checkpoint = self._save(session, step)
-    record = self._evaluate(checkpoint, step)
-    self._evaluated_step = step
-    value = metric_value(record, self._key)
-    if improves(value, self.state.best_value):
-      self.state.best = {'step': step, 'metric': self._options.best_metric,
-                         'value': value,
-                         'checkpoint': os.path.basename(checkpoint),
-                         'record': record}
-      save_best(self._logdir, checkpoint, self.state.best)
-    self.state.add(record, self._key, self._options.early_stopping_min_delta,
-                   self._options.early_stopping_start_step)
-    write_history(self._logdir, self.state.records)
-    self._write_summary(record, step)
-    best = self.state.best
-    logging.info('Evaluation of step %d on split %r: mIoU %s, %s %s (%s), '
-                 '%.1f s', step, self._options.eval_split,
-                 _show(record['miou']), self._options.best_metric,
-                 _show(value), 'no best yet' if best is None else
-                 'best %s at step %d' % (_show(best['value']), best['step']),
-                 record['seconds'])
-    if value is None:
-      logging.warning('%s is undefined at step %d: the class is neither in '
-                      'the labels of split %r nor in the predictions; no '
-                      'checkpoint is kept as the best by it',
-                      self._options.best_metric, step,
-                      self._options.eval_split)
-
   def _write_summary(self, record, step):
     values = [tf.Summary.Value(tag='eval/miou',
                                simple_value=_finite(record['miou']))]
@@ -458,6 +449,67 @@ class ValidationHook(tf.train.SessionRunHook):
     writer = self._events.writer
     writer.add_summary(tf.Summary(value=values), step)
     writer.flush()
+
+
+class ValidationHook(tf.train.SessionRunHook):
+  """Has the run's CheckpointHook save every eval_interval_steps steps and
+  the last one, and its Validator score them; stops early. Put it after the
+  CheckpointHook: it evaluates what that hook saved.
+
+  Args:
+    run_options: RunOptions (eval_interval_steps set).
+    validator: the run's Validator.
+    save: fn(session, step) -> the checkpoint prefix of that step, written
+      if needed (CheckpointHook.save_now).
+    global_step / step_after: the global step read, and after the update.
+    last_step: the run's last step (reaching it is not an early stop).
+    stop_state: the run's hooks.StopState.
+  """
+
+  def __init__(self, run_options, validator, save, global_step, step_after,
+               last_step, stop_state):
+    self._options = run_options
+    self.validator = validator
+    self._save = save
+    self._global_step = global_step
+    self._step_after = step_after
+    self._last_step = last_step
+    self._stop = stop_state
+
+  def before_run(self, run_context):
+    return tf.train.SessionRunArgs(self._step_after)
+
+  def after_run(self, run_context, run_values):
+    step = int(run_values.results)
+    if step % self._options.eval_interval_steps or self._stopping_quickly():
+      return
+    self._validate(run_context.session, step)
+    state = self.validator.state
+    if (state.patience_used_up(self._options.early_stopping_patience)
+        and step < self._last_step):
+      logging.info(
+          'Early stopping at step %d: %d evaluation(s) in a row without an '
+          'improvement of %s by more than %g', step,
+          state.without_improvement, self._options.best_metric,
+          self._options.early_stopping_min_delta)
+      self._stop.request(EARLY_STOPPING)
+      run_context.request_stop()
+
+  def end(self, session):
+    step = int(session.run(self._global_step))
+    if (step not in self.validator.evaluated_steps
+        and not self._stopping_quickly()):
+      self._validate(session, step)
+
+  def _stopping_quickly(self):
+    """A signal or the time budget asked the run to stop: no evaluation
+    delays it (the final checkpoint is still written)."""
+    reason = self._stop.reason or ''
+    return (reason.startswith(hooks_lib.SIGNAL_PREFIX)
+            or reason == hooks_lib.TIME_BUDGET)
+
+  def _validate(self, session, step):
+    self.validator.score(self._save(session, step), step)
 
 
 def _finite(value):
