@@ -117,10 +117,62 @@ def remove_leftover_temps(path, dead_only=False):
         os.remove(leftover)
 
 
+# The `together` blocks open, innermost last: each a list of the
+# (temp, path) its writes left to put in place.
+_together = []
+
+
+@contextlib.contextmanager
+def together():
+  """The outputs written in this block (by the functions below) are put in
+  place when it ends without an error, one right after another; an error
+  removes all of their temps. A command with several outputs (a frozen
+  graph and a SavedModel) then leaves either all of them new or all as
+  they were, never some of each (a full disk while writing the second).
+  """
+  pending = []
+  _together.append(pending)
+  try:
+    yield
+  except BaseException:
+    _remove_temps(pending)
+    raise
+  finally:
+    _together.pop()
+  for i, (tmp, path) in enumerate(pending):
+    try:
+      if os.path.isdir(tmp):
+        replace_dir(tmp, path)
+      else:
+        os.replace(tmp, path)
+    except BaseException as e:
+      _remove_temps(pending[i:])
+      if isinstance(e, OSError):
+        raise not_written(path, e) from None
+      raise
+
+
+def _remove_temps(pending):
+  for tmp, _ in pending:
+    if os.path.isdir(tmp):
+      shutil.rmtree(tmp, ignore_errors=True)
+    elif os.path.lexists(tmp):
+      os.remove(tmp)
+
+
+def _put_in_place(tmp, path, replace):
+  """replace(tmp, path) now, or when the innermost `together` block ends."""
+  if _together:
+    _together[-1].append((tmp, path))
+  else:
+    replace(tmp, path)
+
+
 @contextlib.contextmanager
 def writing(path):
   """Yields a temp path to write `path` under; renames it into place when
-  the block ends without an error, removes it in any case.
+  the block ends without an error (or the `together` block around it
+  does), removes it in any case of error.
 
   For writers that want a file name (e.g. a TFRecordWriter). The temps
   that killed writers of `path` left are removed first.
@@ -130,10 +182,11 @@ def writing(path):
   tmp = temp_name(path)
   try:
     yield tmp
-    os.replace(tmp, path)
-  finally:
+    _put_in_place(tmp, path, os.replace)
+  except BaseException:
     if os.path.exists(tmp):
       os.remove(tmp)
+    raise
 
 
 def write_with(path, writer):
@@ -203,7 +256,7 @@ def writing_dir(path):
     yield tmp
     # Within the try: stopped after the swap (a SIGTERM raised here), tmp
     # holds the old directory, removed as the new one's would be before.
-    replace_dir(tmp, path)
+    _put_in_place(tmp, path, replace_dir)
   except BaseException as e:
     shutil.rmtree(tmp, ignore_errors=True)
     if isinstance(e, OSError):

@@ -33,6 +33,39 @@ def test_a_failed_file_write_names_the_path_and_keeps_the_old_file(tmp_path):
   assert os.listdir(tmp_path) == ['result.json']
 
 
+def test_outputs_written_together_are_all_new_or_all_old(tmp_path):
+  """A command's outputs written in one `together` block: a failure at the
+  last leaves the first as it was (before, it was already the new one)."""
+  first, folder = tmp_path / 'frozen.pb', tmp_path / 'saved_model'
+  first.write_text('old')
+  folder.mkdir()
+  (folder / 'saved_model.pb').write_text('old')
+  with pytest.raises(atomic.OutputNotWrittenError) as error:
+    with atomic.together():
+      atomic.write_bytes(str(first), b'new')
+      assert first.read_text() == 'old'   # not in place before the end
+      with atomic.writing_dir(str(folder)) as tmp:
+        os.makedirs(tmp)
+        _full_disk()
+  assert error.value.filename == str(folder)
+  assert first.read_text() == 'old'
+  assert os.listdir(folder) == ['saved_model.pb']
+  assert sorted(os.listdir(tmp_path)) == ['frozen.pb', 'saved_model']
+  # Any error removes the temps too; a block that ends well puts all in place.
+  with pytest.raises(KeyboardInterrupt):
+    with atomic.together():
+      atomic.write_bytes(str(first), b'new')
+      raise KeyboardInterrupt
+  assert sorted(os.listdir(tmp_path)) == ['frozen.pb', 'saved_model']
+  with atomic.together():
+    atomic.write_bytes(str(first), b'new')
+    with atomic.writing_dir(str(folder)) as tmp:
+      os.makedirs(tmp)
+      (tmp_path / os.path.basename(tmp) / 'new.pb').write_text('new')
+  assert first.read_text() == 'new' and os.listdir(folder) == ['new.pb']
+  assert sorted(os.listdir(tmp_path)) == ['frozen.pb', 'saved_model']
+
+
 def test_a_failed_folder_write_removes_its_temp_and_keeps_the_old(tmp_path):
   folder = tmp_path / 'export'
   folder.mkdir()

@@ -160,6 +160,11 @@ def test_metrics_are_printed_when_the_results_cannot_be_written(
   assert captured.err.strip().splitlines()[-1] == 'deeplab-eval: error: ' + (
       message)
   assert 'Traceback' not in captured.err
+  # The confusion matrix files are not put in place without the JSON of
+  # the same evaluation (before, they were the new ones).
+  assert not (eval_dir / eval_loop.CONFUSION_CSV_FILENAME).exists()
+  assert not (eval_dir / eval_loop.CONFUSION_PNG_FILENAME).exists()
+  assert not [n for n in os.listdir(eval_dir) if '.tmp-' in n]
 
 
 def test_padding_is_not_scored(tiny):

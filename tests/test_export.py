@@ -144,10 +144,14 @@ def test_saved_model_on_a_full_disk_keeps_the_old_and_no_temp(
     tiny_ckpt, tmp_path, monkeypatch, capsys):
   """TensorFlow's SavedModel writer fails as on a full disk: the command
   says which folder in one line (exit 1), the SavedModel already there is
-  unchanged and the temp folder is gone."""
+  unchanged and the temp folder is gone. So is the frozen graph asked for
+  in the same command: before, it was the new one beside the old
+  SavedModel."""
   old = tmp_path / 'saved_model'
   old.mkdir()
   (old / 'saved_model.pb').write_bytes(b'the previous export')
+  frozen = tmp_path / 'frozen.pb'
+  frozen.write_bytes(b'the previous frozen graph')
 
   def full_disk(self, *args, **kwargs):
     raise tf.errors.ResourceExhaustedError(
@@ -155,13 +159,15 @@ def test_saved_model_on_a_full_disk_keeps_the_old_and_no_temp(
   monkeypatch.setattr(tf.saved_model.Builder, 'save', full_disk)
   code = et.run_cli(export_cli, ['--checkpoint_path=' + tiny_ckpt,
                                  '--saved_model_dir=%s' % old,
+                                 '--export_path=%s' % frozen,
                                  '--crop_size=41,41'])
   err = capsys.readouterr().err
   assert code == 1
   assert 'Traceback' not in err
   assert ('deeplab-export: error: cannot write %s: %s; No space left on '
           'device' % (old, old)) in err.splitlines()
-  assert os.listdir(tmp_path) == ['saved_model']
+  assert sorted(os.listdir(tmp_path)) == ['frozen.pb', 'saved_model']
+  assert frozen.read_bytes() == b'the previous frozen graph'
   assert os.listdir(old) == ['saved_model.pb']
   assert (old / 'saved_model.pb').read_bytes() == b'the previous export'
 

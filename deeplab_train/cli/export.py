@@ -37,6 +37,7 @@ from typing import Optional
 
 from absl import flags
 
+from deeplab_train import atomic
 from deeplab_train import config
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
@@ -223,21 +224,24 @@ def run_export(job):
   # Converted first: a network TFLite refuses fails before anything is
   # written.
   tflite_model = _tflite_model(job, out) if job.tflite_path else None
-  if job.export_path:
-    frozen, graph_def, _ = freeze.freeze(job.checkpoint, job.model_options,
-                                         job.export_options)
-    freeze.write_frozen_graph(frozen, job.export_path)
-    out['export_path'] = job.export_path
-    if job.save_inference_graph:
-      out['inference_graph'] = freeze.write_inference_graph(
-          graph_def, job.export_path)
-  if job.saved_model_dir:
-    savedmodel.write_saved_model(job.checkpoint, job.model_options,
-                                 job.export_options, job.saved_model_dir)
-    out['saved_model_dir'] = job.saved_model_dir
-  if tflite_model is not None:
-    out['tflite_path'] = tflite.write_tflite(tflite_model, job.tflite_path)
-    out['tflite_bytes'] = len(tflite_model)
+  # All put in place at the end: a failure (a full disk at the SavedModel)
+  # leaves every output as it was, not a new .pb beside an old SavedModel.
+  with atomic.together():
+    if job.export_path:
+      frozen, graph_def, _ = freeze.freeze(job.checkpoint, job.model_options,
+                                           job.export_options)
+      freeze.write_frozen_graph(frozen, job.export_path)
+      out['export_path'] = job.export_path
+      if job.save_inference_graph:
+        out['inference_graph'] = freeze.write_inference_graph(
+            graph_def, job.export_path)
+    if job.saved_model_dir:
+      savedmodel.write_saved_model(job.checkpoint, job.model_options,
+                                   job.export_options, job.saved_model_dir)
+      out['saved_model_dir'] = job.saved_model_dir
+    if tflite_model is not None:
+      out['tflite_path'] = tflite.write_tflite(tflite_model, job.tflite_path)
+      out['tflite_bytes'] = len(tflite_model)
   return out
 
 

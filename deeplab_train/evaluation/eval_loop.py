@@ -408,21 +408,25 @@ def _write_outputs(eval_logdir, result_json, result, scores, inference):
   """Summaries and confusion matrix files in eval_logdir and the JSON file,
   or ResultNotWrittenError.
 
-  The JSON is written last, so when it changes the other files already hold
-  the same evaluation.
+  The three files are put in place together (and the JSON last), so they
+  always hold the same evaluation: a failure (a full disk) leaves all three
+  as they were.
   """
   path = eval_logdir
   try:
     os.makedirs(eval_logdir, exist_ok=True)
     write_summaries(eval_logdir, result, inference)
-    path = os.path.join(eval_logdir, CONFUSION_CSV_FILENAME)
-    confusion_lib.write_csv(path, scores.counts, scores.class_names)
-    path = os.path.join(eval_logdir, CONFUSION_PNG_FILENAME)
-    confusion_lib.write_heatmap(path, scores.counts, scores.class_names,
-                                heatmap_title(result))
-    path = result_json
-    atomic.write_json(result_json, result)
+    with atomic.together():
+      path = os.path.join(eval_logdir, CONFUSION_CSV_FILENAME)
+      confusion_lib.write_csv(path, scores.counts, scores.class_names)
+      path = os.path.join(eval_logdir, CONFUSION_PNG_FILENAME)
+      confusion_lib.write_heatmap(path, scores.counts, scores.class_names,
+                                  heatmap_title(result))
+      path = result_json
+      atomic.write_json(result_json, result)
   except (OSError, tf.errors.OpError) as e:
+    if isinstance(e, atomic.OutputNotWrittenError):
+      path = e.filename   # also when putting the files in place failed
     raise ResultNotWrittenError(path, atomic.not_written(path, e).strerror,
                                 result, scores) from e
 
