@@ -132,6 +132,9 @@ def test_full_disk_while_saving_keeps_the_last_checkpoint(tmp_path, records,
     os.makedirs(prefix + '_temp')
     with open(os.path.join(prefix + '_temp', 'part'), 'wb') as f:
       f.write(b'partial')
+    # What a save failing while it names the checkpoint in the state file
+    # leaves (TensorFlow's temp name for it).
+    (logdir / ('checkpoint.tmp' + 'a1' * 16)).write_text('partial')
     # As TensorFlow words it (seen with a file-size limit: '; File too
     # large').
     raise tf.errors.ResourceExhaustedError(
@@ -152,6 +155,7 @@ def test_full_disk_while_saving_keeps_the_last_checkpoint(tmp_path, records,
   assert result['checkpoint'] == '%s/model.ckpt-0' % logdir
   assert 'model.ckpt-0' in result['message']
   assert not [p for p in os.listdir(logdir) if 'ckpt-5' in p]
+  assert not [p for p in os.listdir(logdir) if p.startswith('checkpoint.')]
   assert tt.latest_step(logdir) == 0
   assert 'global_step' in tt.read_checkpoint(logdir / 'model.ckpt-0')
 

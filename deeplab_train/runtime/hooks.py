@@ -9,6 +9,7 @@ the broken weights is written either.
 import datetime
 import itertools
 import os
+import re
 import signal
 import time
 
@@ -312,14 +313,20 @@ def write_error_reason(error):
   return lines[0] if lines else type(error).__name__
 
 
+# The temp name TensorFlow writes the `checkpoint` state file under.
+_STATE_FILE_TEMP = re.compile(r'^checkpoint\.tmp[0-9a-f]{32}$')
+
+
 def remove_partial_checkpoint(path):
   """Removes the files of checkpoint `path` (a prefix) that a failed save
-  left: its data and index files, their temporary names and the sharded
-  saver's `_temp` folder. Call only for a checkpoint the state file does
-  not name."""
+  left: its data and index files, their temporary names, the sharded
+  saver's `_temp` folder and the state file's temp (the save failed while
+  naming it). Call only for a checkpoint the state file does not name,
+  with the logdir's lock held (no other saver writes there)."""
   folder, name = os.path.split(path)
   for entry in os.listdir(folder or '.'):
-    if entry == name + '_temp' or entry.startswith(name + '.'):
+    if (entry == name + '_temp' or entry.startswith(name + '.')
+        or _STATE_FILE_TEMP.match(entry)):
       full = os.path.join(folder, entry)
       if os.path.isdir(full):
         for inner in os.listdir(full):
