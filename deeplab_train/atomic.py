@@ -37,8 +37,10 @@ def not_written(path, error):
     return error
   reason = (getattr(error, 'strerror', None) or getattr(error, 'message', None)
             or str(error) or type(error).__name__)
-  return OutputNotWrittenError(path, reason.strip().splitlines()[0],
-                               getattr(error, 'errno', None))
+  # A writer's own words name the file it wrote: in this process's temp of
+  # `path`, which the user never asked for.
+  reason = reason.strip().splitlines()[0].replace(temp_name(path), path)
+  return OutputNotWrittenError(path, reason, getattr(error, 'errno', None))
 
 
 # '.NAME.tmp-PID@HOST', '.old' added to a folder put aside by replace_dir

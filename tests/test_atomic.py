@@ -66,6 +66,20 @@ def test_outputs_written_together_are_all_new_or_all_old(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ['frozen.pb', 'saved_model']
 
 
+def test_a_writers_error_names_the_output_not_its_temp(tmp_path):
+  """TensorFlow's SavedModel writer names the file it failed on, inside the
+  temp folder: 'cannot write OUT/sm: OUT/.sm.tmp-PID@HOST/saved_model.pb;
+  No space left on device' showed a name the user never gave."""
+  folder = str(tmp_path / 'sm')
+  with pytest.raises(atomic.OutputNotWrittenError) as error:
+    with atomic.writing_dir(folder) as tmp:
+      raise OSError('%s; No space left on device'
+                    % os.path.join(tmp, 'saved_model.pb'))
+  assert str(error.value) == (
+      'cannot write %s: %s/saved_model.pb; No space left on device'
+      % (folder, folder))
+
+
 def test_a_failed_folder_write_removes_its_temp_and_keeps_the_old(tmp_path):
   folder = tmp_path / 'export'
   folder.mkdir()
