@@ -679,6 +679,26 @@ def test_killed_chief_restarts_from_the_last_checkpoint(tmp_path, records,
   assert logged and last <= min(logged) <= steps, logged
 
 
+def test_a_task_waiting_for_the_cluster_stops_on_the_first_sigterm(
+    tmp_path, records, processes):
+  """A chief whose ps never comes up waits for it; a SIGTERM (a batch
+  system's, before its SIGKILL) was not honoured while it waited (still
+  running 660 s after it, in an audit). It stops at once now, as on a
+  second signal, once the grace period of a task without a step is over."""
+  cluster = LocalCluster(tmp_path, records, processes, 10)
+  chief_proc = cluster.start('worker', 0)   # no ps started
+  cluster.wait_for_line('worker0', 'Training mobilenet_v2 from step 0')
+  time.sleep(1)
+  chief_proc.send_signal(signal.SIGTERM)
+  code, chief = cluster.finish('worker0', timeout=60)
+  assert code == 143, chief
+  assert (chief['status'], chief['stop_reason']) == ('terminated',
+                                                     'signal:SIGTERM')
+  assert re.search(r'SIGTERM, and no step ended within \d+ s: waiting for '
+                   r'another task of the cluster', chief['message']), chief
+  assert tt.latest_step(cluster.logdir) is None
+
+
 @pytest.mark.slow
 def test_chief_stopped_early_stops_the_workers(tmp_path, records, processes):
   cluster = LocalCluster(tmp_path, records, processes, 1000)

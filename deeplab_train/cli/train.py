@@ -85,7 +85,9 @@ report no checkpoint.
 import dataclasses
 import functools
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any, Optional
 
@@ -348,16 +350,53 @@ def run_job(job, start_time, process_signals=None, result_json=None):
                                  result_json=result_json)))
 
 
+# How long a cluster task's step may take to end after the first signal
+# before the task stops at once: this much, and three times its usual step.
+# Before its first step (waiting for its session), it has nothing to save.
+CLUSTER_STOP_GRACE_SECS = 30
+CLUSTER_STOP_GRACE_BEFORE_A_STEP_SECS = 5
+
+
 def _forward_signals(process_signals, run, result_json):
   """The first signal stops `run` after its step; a second one reports
-  how far it got and ends the process (signals.py)."""
-  def stop_now(signum):
+  how far it got and ends the process (signals.py). A cluster task whose
+  step does not end (it waits for a ps that is gone, for a synchronous
+  step a dead worker holds up, or for the chief) stops at once after a
+  grace period, as on a second signal: a batch system's SIGTERM then ends
+  it before its SIGKILL."""
+  def stop_now(signum, why=None):
     name = signals.signal_name(signum)
     report(run.stopped_now(result_lib.STOPPED_NOW[name],
-                           result_lib.SIGNAL_PREFIX + name), result_json)
-  process_signals.connect(
-      on_first=lambda name: run.stop.request(result_lib.SIGNAL_PREFIX + name),
-      on_stop_now=stop_now)
+                           result_lib.SIGNAL_PREFIX + name, why), result_json)
+
+  def on_first(name):
+    run.stop.request(result_lib.SIGNAL_PREFIX + name)
+    if run.cluster is not None:
+      threading.Thread(target=_stop_when_stuck, args=(run, name, stop_now),
+                       name='stop-when-stuck', daemon=True).start()
+  process_signals.connect(on_first=on_first, on_stop_now=stop_now)
+
+
+def _stop_when_stuck(run, name, stop_now):
+  """Ends the process if it is still running after the grace period."""
+  start = time.time()
+  while True:
+    time.sleep(0.5)
+    steps, seconds_per_step = run.steps_done()
+    grace = (CLUSTER_STOP_GRACE_SECS + 3 * (seconds_per_step or 0) if steps
+             else CLUSTER_STOP_GRACE_BEFORE_A_STEP_SECS)
+    if time.time() - start >= grace:
+      break
+  why = ('%s, and no step ended within %.0f s: waiting for another task of '
+         'the cluster' % (name, grace))
+  logging.warning('stopping at once: %s', why)
+  signum = signal.Signals[name]
+  try:
+    stop_now(signum, why)
+  finally:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(signals.exit_code(signum))  # pylint: disable=protected-access
 
 
 def report(result, result_json=None):

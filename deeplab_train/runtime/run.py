@@ -184,9 +184,9 @@ class TrainingRun:
     return RunResult(status, stop_reason, seconds=self.elapsed(),
                      detail=detail, **fields)
 
-  def stopped_now(self, status, reason):
-    """The result of a run ended at once (a second signal), from any
-    thread: the last step done and the last checkpoint written."""
+  def stopped_now(self, status, reason, why=None):
+    """The result of a run ended at once (a second signal, or `why`), from
+    any thread: the last step done and the last checkpoint written."""
     hooks, step, checkpoint = self._hooks_now, self._start_step, None
     if hooks is not None:
       if hooks.progress.step is not None:
@@ -196,9 +196,18 @@ class TrainingRun:
     loss = hooks.progress.loss if hooks is not None else None
     return self._result(
         status, reason, global_step=step, loss=loss, checkpoint=checkpoint,
-        message='stopped at once (%s again) after step %s; training resumes '
-        'from the last checkpoint (%s)' % (reason, step,
-                                           checkpoint or 'none written yet'))
+        message='stopped at once (%s) after step %s; training resumes from '
+        'the last checkpoint (%s)' % (why or reason + ' again', step,
+                                      checkpoint or 'none written yet'))
+
+  def steps_done(self):
+    """(steps this run has done, seconds per step or None), from any
+    thread."""
+    hooks = self._hooks_now
+    if hooks is None or hooks.progress.step is None:
+      return 0, None
+    return (hooks.progress.step - self._start_step,
+            hooks.progress.seconds_per_step)
 
   def execute(self, handle_signals=True):
     """Locks the logdir and trains; every expected ending is a result."""
