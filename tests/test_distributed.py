@@ -103,6 +103,13 @@ def test_original_replica_flags_must_match_the_cluster():
      r"host:port"),
     (dict(ps_hosts=('127.0.0.1:99999',)), "ps_hosts: '127.0.0.1:99999' is "
      "not host:port"),
+    # Taken before as one host '127.0.0.1:23002;127.0.0.1' (the task hung),
+    # and as a port in use (exit 2 after the server's start failed).
+    (dict(worker_hosts=('127.0.0.1:23002;127.0.0.1:23003',)),
+     "worker_hosts: '127.0.0.1:23002;127.0.0.1:23003' is not one host:port "
+     r".*separate the tasks with commas"),
+    (dict(ps_hosts=('grpc://127.0.0.1:2223',)), "ps_hosts: "
+     "'grpc://127.0.0.1:2223' is a URL; give host:port .* without grpc://"),
     (dict(ps_hosts=(WORKERS[1],)), 'address 127.0.0.1:2222 is given twice'),
     (dict(ps_hosts=()), 'a cluster of 2 workers needs at least one parameter '
      'server'),

@@ -18,6 +18,7 @@ server or touches TensorFlow (runtime/cluster.py does).
 """
 import dataclasses
 import json
+import re
 from typing import Tuple
 
 from absl import logging
@@ -114,11 +115,23 @@ def parse_host(value, where):
   if not isinstance(value, str):
     raise ConfigError('%s: expected "host:port" strings, got %r' % (where, value))
   text = value.strip()
+  if '://' in text:
+    raise ConfigError('%s: %r is a URL; give host:port (e.g. 10.0.0.2:2222), '
+                      'without %s' % (where, value, text.split('://')[0] +
+                                      '://'))
   host, sep, port = text.rpartition(':')
   if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
     raise ConfigError('%s: %r is not host:port (e.g. 10.0.0.2:2222); every '
                       'task needs an address and a fixed port' % (where, value))
+  if not _HOST.match(host):
+    raise ConfigError('%s: %r is not one host:port (a host name, an IPv4 '
+                      'address or an [IPv6] one); separate the tasks with '
+                      'commas' % (where, value))
   return text
+
+
+# A host name or IPv4 address, or an IPv6 address in brackets.
+_HOST = re.compile(r'^([A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])$')
 
 
 def _hosts(values, where):
