@@ -579,6 +579,22 @@ def test_synchronous_cluster_trains_and_the_chief_checkpoint_evaluates(
   assert evaluated['global_step'] == steps
   assert 0.0 <= evaluated['miou'] <= 1.0
 
+  # The same cluster started again on a restarted ps: the chief has nothing
+  # to do, and still loads the checkpoint into the ps, so worker 1 sees the
+  # run finished (before, it waited for the model for up to two hours).
+  ps = [p for p in processes if p.poll() is None]
+  for proc in ps:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+  cluster.start('ps', 0, name='ps0_again')
+  cluster.start('worker', 0, name='worker0_again')
+  cluster.start('worker', 1, name='worker1_again')
+  code0, chief = cluster.finish('worker0_again')
+  code1, worker = cluster.finish('worker1_again', timeout=120)
+  assert (code0, code1) == (0, 0), (chief, worker)
+  assert chief['stop_reason'] == worker['stop_reason'] == 'nothing_to_do'
+  assert worker['global_step'] == steps
+
 
 @pytest.mark.slow
 def test_asynchronous_cluster_with_startup_delay(tmp_path, records,

@@ -252,6 +252,8 @@ class TrainingRun:
           'nothing to do: %s is at step %d, '
           '{TrainOptions.training_number_of_steps}=%d%s',
           spec.run_options.train_logdir, start_step, target, scored)
+      if self.cluster is not None and self.role.decides_weights:
+        self._hand_over_finished_run(init)
       logging.info('%s', detail)
       return self._result('ok', 'nothing_to_do', global_step=start_step,
                           checkpoint=latest, detail=detail)
@@ -265,14 +267,7 @@ class TrainingRun:
       last_step = min(target, start_step + spec.run_options.num_steps_more)
     if self.stop.reason:
       return self._stopped_before_training(start_step, latest)
-    g = graph_lib.build_training_graph(
-        spec.model_options, spec.train_options,
-        ignore_label=spec.ignore_label, input_fn=spec.input_fn,
-        model_fn=spec.model_fn, last_layer_scopes=spec.last_layer_scopes,
-        init_checkpoint=init,
-        keep_checkpoint_max=spec.run_options.keep_checkpoint_max,
-        device_pattern=spec.device_pattern,
-        **_cluster_graph_args(self.cluster))
+    g = self._training_graph(init)
     if (self.role.decides_weights and spec.preprocess_options is not None
         and spec.dataset is not None):
       config.save_run_config(spec.run_options.train_logdir,
@@ -286,6 +281,29 @@ class TrainingRun:
     if self.stop.reason:
       return self._stopped_before_training(start_step, latest)
     return self._session_loop(g, last_step, target, start_step)
+
+  def _training_graph(self, init):
+    spec = self.spec
+    return graph_lib.build_training_graph(
+        spec.model_options, spec.train_options,
+        ignore_label=spec.ignore_label, input_fn=spec.input_fn,
+        model_fn=spec.model_fn, last_layer_scopes=spec.last_layer_scopes,
+        init_checkpoint=init,
+        keep_checkpoint_max=spec.run_options.keep_checkpoint_max,
+        device_pattern=spec.device_pattern,
+        **_cluster_graph_args(self.cluster))
+
+  def _hand_over_finished_run(self, init):
+    """A chief with nothing to do still loads its last checkpoint into the
+    ps tasks: the other workers wait for the chief to make the model ready
+    on them, and only then see that the run is finished (nothing_to_do).
+    Without this, ps tasks restarted since the run finished left them
+    waiting (up to two hours)."""
+    g = self._training_graph(init)
+    with g.graph.as_default():
+      with self._open_session(g, []):
+        logging.info('The parameter servers hold the finished run: the other '
+                     'workers stop when they join')
 
   def _score_unscored(self, latest, step):
     """With nothing to train, a validating run scores the latest checkpoint
