@@ -385,6 +385,28 @@ def _join(start_at, last_step, start_step, later=None):
       return hook, coord.should_stop()
 
 
+def test_a_task_waiting_for_its_session_says_so_until_it_has_one(caplog):
+  """A chief waiting for a ps that is not up logged nothing of its own."""
+  chief = cluster_spec.resolve(_options())
+  with caplog.at_level('WARNING'):
+    with cluster_lib.noticing_waits(chief, every=0.05) as created:
+      time.sleep(0.3)
+      created.after_create_session(None, None)
+      waited = caplog.text.count('has waited')
+      time.sleep(0.2)
+  assert waited >= 2
+  assert caplog.text.count('has waited') == waited   # none once created
+  assert ('the chief has waited 0 s for the ps task(s) at 127.0.0.1:2220: '
+          'are they up and reachable?') in caplog.text
+  caplog.clear()
+  worker = cluster_spec.resolve(_options(task=1))
+  with caplog.at_level('WARNING'):
+    with cluster_lib.noticing_waits(worker, every=0.05):
+      time.sleep(0.2)
+  assert ('worker task 1 has waited 0 s for the ps task(s) at 127.0.0.1:2220 '
+          'and the chief at 127.0.0.1:2221') in caplog.text
+
+
 def test_join_hook_stops_a_worker_joining_a_finished_run():
   hook, stopped = _join(start_at=30, last_step=30, start_step=0)
   assert stopped and hook.finished_step == 30

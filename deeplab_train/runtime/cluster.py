@@ -15,6 +15,7 @@ own, and worker i waits for global step i * startup_delay_steps first, as
 the original DeepLab did, so the replicas do not all start from the same
 weights.
 """
+import contextlib
 import signal
 import threading
 import time
@@ -137,6 +138,48 @@ class _WorkerSessionCreator(tf.train.SessionCreator):
     logging.info('Waiting for the chief to initialise the model')
     return manager.wait_for_session(self._master, config=self._config,
                                     max_wait_secs=self._max_wait_secs)
+
+
+# Seconds between two notices of a task still waiting for its session.
+WAIT_NOTICE_SECS = 30
+
+
+class _SessionCreated(tf.train.SessionRunHook):
+  """Sets `event` once the session exists (the first hook to hear of it)."""
+
+  def __init__(self, event):
+    self._event = event
+
+  def after_create_session(self, session, coord):
+    self._event.set()
+
+
+@contextlib.contextmanager
+def noticing_waits(cluster, every=WAIT_NOTICE_SECS):
+  """Yields a hook to put first in the session's hooks; until the session
+  is created (or the block ends), logs every `every` seconds that this task
+  is still waiting for the other tasks. A chief waiting for a ps that is not
+  up said nothing (TensorFlow's own notice is an INFO line of its C++ log,
+  which TF_CPP_MIN_LOG_LEVEL=2 hides). Nothing is logged for a
+  single-machine run (`cluster` None)."""
+  created = threading.Event()
+  if cluster is not None:
+    others = 'the ps task(s) at %s' % ', '.join(cluster.ps_hosts)
+    if not cluster.is_chief:
+      others += ' and the chief at %s' % cluster.worker_hosts[0]
+    this = ('the chief' if cluster.is_chief
+            else 'worker task %d' % cluster.task)
+
+    def notice():
+      start = time.time()
+      while not created.wait(every):
+        logging.warning('%s has waited %.0f s for %s: are they up and '
+                        'reachable?', this, time.time() - start, others)
+    threading.Thread(target=notice, name='wait-notice', daemon=True).start()
+  try:
+    yield _SessionCreated(created)
+  finally:
+    created.set()
 
 
 def session_creator(cluster, scaffold, master, config, checkpoint_dir,

@@ -469,7 +469,9 @@ class TrainingRun:
     self._hooks_now = hooks
     try:
       with g.graph.as_default():
-        with self._open_session(g, hooks.all) as sess:
+        with cluster_lib.noticing_waits(self.cluster) as created:
+          session = self._open_session(g, [created] + hooks.all)
+        with session as sess:
           while not sess.should_stop():
             sess.run(g.train_op)
     except hooks_lib.CheckpointNotSavedError as e:
