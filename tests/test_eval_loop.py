@@ -93,6 +93,20 @@ def test_eval_matches_exported_graph(tiny, tmp_path, capsys):
           'eval/pixel_accuracy'} <= tags
 
 
+def test_evaluations_in_one_second_keep_their_summaries(tmp_path):
+  """Each evaluation writes its own events file, which TensorFlow names by
+  second and host: in follow mode, a second evaluation within the second
+  truncated the first one's file, and its mIoU was lost to TensorBoard."""
+  for step in (1, 2):
+    eval_loop.write_summaries(str(tmp_path), {
+        'global_step': step, 'miou': 0.5, 'pixel_accuracy': 0.75,
+        'per_class_iou': {'a': 0.25}}, None)
+  steps = sorted(event.step for name in os.listdir(tmp_path)
+                 for event in tf.train.summary_iterator(str(tmp_path / name))
+                 if event.summary.value)
+  assert steps == [1, 2]
+
+
 def test_confusion_matrix_files_and_confused_pairs(tiny, tmp_path, capsys):
   """The CSV counts every labelled pixel once; PNG and JSON go with it."""
   eval_dir = tmp_path / 'eval'

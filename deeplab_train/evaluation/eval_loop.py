@@ -33,6 +33,7 @@ from deeplab_train.evaluation import metrics as metrics_lib
 from deeplab_train.evaluation import predictor as predictor_lib
 from deeplab_train import atomic
 from deeplab_train import restore as restore_lib
+from deeplab_train.runtime import hooks as hooks_lib
 
 RESULT_FILENAME = 'eval_result.json'
 CONFUSION_CSV_FILENAME = 'confusion_matrix.csv'
@@ -184,10 +185,13 @@ def write_summaries(eval_logdir, result, inference):
       values.append(tf.Summary.Value(tag='%s_class_%d' % (tag, c),
                                      simple_value=iou))
   # FileWriter refuses eager mode; a graph context makes it usable anywhere.
+  # One file per evaluation, named apart from one written in the same
+  # second (follow mode on a fast run), which it would truncate.
   with tf.Graph().as_default():
-    writer = tf.summary.FileWriter(eval_logdir)
-    writer.add_summary(tf.Summary(value=values), result['global_step'] or 0)
-    writer.close()
+    events = hooks_lib.EventsFile(eval_logdir, None, with_graph=False)
+    events.writer.add_summary(tf.Summary(value=values),
+                              result['global_step'] or 0)
+    events.close()
 
 
 def watch_checkpoints(checkpoint_dir, interval_secs, timeout_secs=None,
