@@ -112,15 +112,20 @@ def remove_leftover_temps(path, dead_only=False):
   for leftover in leftover_temps(path):
     if dead_only and not left_by_a_dead_process(leftover):
       continue
-    if os.path.isdir(leftover) and not os.path.islink(leftover):
-      shutil.rmtree(leftover, ignore_errors=True)
-    else:
-      with contextlib.suppress(FileNotFoundError):
-        os.remove(leftover)
+    _remove(leftover)
+
+
+def _remove(temp):
+  """Removes a temp file or folder, if it is there."""
+  if os.path.isdir(temp) and not os.path.islink(temp):
+    shutil.rmtree(temp, ignore_errors=True)
+  else:
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(temp)
 
 
 # The `together` blocks open, innermost last: each a list of the
-# (temp, path) its writes left to put in place.
+# (temp, path, replace function) its writes left to put in place.
 _together = []
 
 
@@ -137,35 +142,26 @@ def together():
   try:
     yield
   except BaseException:
-    _remove_temps(pending)
+    for tmp, _, _ in pending:
+      _remove(tmp)
     raise
   finally:
     _together.pop()
-  for i, (tmp, path) in enumerate(pending):
+  for i, (tmp, path, replace) in enumerate(pending):
     try:
-      if os.path.isdir(tmp):
-        replace_dir(tmp, path)
-      else:
-        os.replace(tmp, path)
+      replace(tmp, path)
     except BaseException as e:
-      _remove_temps(pending[i:])
+      for later, _, _ in pending[i:]:
+        _remove(later)
       if isinstance(e, OSError):
         raise not_written(path, e) from None
       raise
 
 
-def _remove_temps(pending):
-  for tmp, _ in pending:
-    if os.path.isdir(tmp):
-      shutil.rmtree(tmp, ignore_errors=True)
-    elif os.path.lexists(tmp):
-      os.remove(tmp)
-
-
 def _put_in_place(tmp, path, replace):
   """replace(tmp, path) now, or when the innermost `together` block ends."""
   if _together:
-    _together[-1].append((tmp, path))
+    _together[-1].append((tmp, path, replace))
   else:
     replace(tmp, path)
 
