@@ -45,17 +45,22 @@ class CheckpointNotSavedError(RuntimeError):
   and the previous checkpoint is still the latest."""
 
   def __init__(self, path, reason, previous):
-    no_space = 'no space left' in reason.lower()
     super().__init__(
-        'cannot save checkpoint %s: %s. %s; its partial files were removed '
-        'and %s' % (
-            path, 'no space left on device' if no_space else reason,
-            ('Free space in %s and run again' % os.path.dirname(path)
-             if no_space else 'Check that the folder is writable'),
-            ('the last checkpoint, %s, is intact (training resumes from '
-             'it)' % previous) if previous else 'no checkpoint was written'))
+        'cannot save checkpoint %s: %s; its partial files were removed and %s'
+        % (path, write_failure(reason, os.path.dirname(path)),
+           ('the last checkpoint, %s, is intact (training resumes from it)'
+            % previous) if previous else 'no checkpoint was written'))
     self.path = path
     self.previous = previous
+
+
+def write_failure(reason, folder):
+  """'no space left on device. Free space in FOLDER and run again', or
+  'REASON. Check that the folder is writable': a failed write's reason
+  (write_error_reason) and what to do."""
+  if 'no space left' in reason.lower():
+    return 'no space left on device. Free space in %s and run again' % folder
+  return '%s. Check that the folder is writable' % reason
 
 
 class StopState:

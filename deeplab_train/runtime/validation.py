@@ -345,15 +345,11 @@ class ValidationNotSavedError(RuntimeError):
   disk); the checkpoint is saved, and the next run scores it again."""
 
   def __init__(self, path, reason, step):
-    no_space = 'no space left' in reason.lower()
     super().__init__(
-        'cannot keep the evaluation of step %d: cannot write %s: %s. %s; '
-        'the checkpoint of step %d is saved and the next run scores it '
-        'again' % (step, path, 'no space left on device' if no_space
-                   else reason,
-                   ('Free space in %s and run again' % os.path.dirname(path)
-                    if no_space else 'Check that the folder is writable'),
-                   step))
+        'cannot keep the evaluation of step %d: cannot write %s: %s; the '
+        'checkpoint of step %d is saved and the next run scores it again'
+        % (step, path, hooks_lib.write_failure(reason, os.path.dirname(path)),
+           step))
     self.path = path
     self.step = step
 
