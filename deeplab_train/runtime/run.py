@@ -315,7 +315,7 @@ class TrainingRun:
       None; '' or words on the evaluation for the result's message).
     """
     self._validation = self._validation_state()
-    if step in {int(r['step']) for r in self._validation.records}:
+    if step in self._validation.evaluated_steps:
       return None, ''
     logging.info('scoring %s: the run that saved it did not', latest)
     events = hooks_lib.EventsFile(self.spec.run_options.train_logdir, None,

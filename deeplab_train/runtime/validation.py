@@ -236,6 +236,10 @@ class ValidationState:
   def best_value(self):
     return None if self.best is None else self.best.get('value')
 
+  @property
+  def evaluated_steps(self):
+    return {int(record['step']) for record in self.records}
+
   def add(self, record, key, min_delta, start_step=0):
     """Counts a new evaluation (the history and early-stopping count); one
     of a step before `start_step` goes into the history only."""
@@ -374,10 +378,6 @@ class Validator:
     self._key = key
     self._events = events
 
-  @property
-  def evaluated_steps(self):
-    return {int(record['step']) for record in self.state.records}
-
   def score(self, checkpoint, step):
     """Evaluates `checkpoint` (of global step `step`) and keeps the result.
 
@@ -493,7 +493,7 @@ class ValidationHook(tf.train.SessionRunHook):
 
   def end(self, session):
     step = int(session.run(self._global_step))
-    if (step not in self.validator.evaluated_steps
+    if (step not in self.validator.state.evaluated_steps
         and not self._stopping_quickly()):
       self._validate(session, step)
 
