@@ -26,6 +26,7 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
 from deeplab_train.runtime import cluster as cluster_lib
+from deeplab_train.runtime import cluster_session
 from deeplab_train.runtime import cluster_spec
 from deeplab_train.train import graph as graph_lib
 from deeplab_train.runtime import lock as lock_lib
@@ -236,8 +237,8 @@ def test_tf_config_counts_checked_against_replica_flags():
 
 def test_session_config_sees_only_ps_and_this_worker():
   c = cluster_spec.resolve(_options(task=1))
-  base = cluster_lib.tf.ConfigProto(allow_soft_placement=True)
-  out = cluster_lib.session_config(c, base)
+  base = tf.ConfigProto(allow_soft_placement=True)
+  out = cluster_session.session_config(c, base)
   assert list(out.device_filters) == ['/job:ps', '/job:worker/task:1']
   assert out.allow_soft_placement
   assert not base.device_filters  # the base is left alone
@@ -389,7 +390,7 @@ def test_a_task_waiting_for_its_session_says_so_until_it_has_one(caplog):
   """A chief waiting for a ps that is not up logged nothing of its own."""
   chief = cluster_spec.resolve(_options())
   with caplog.at_level('WARNING'):
-    with cluster_lib.noticing_waits(chief, every=0.05) as created:
+    with cluster_session.noticing_waits(chief, every=0.05) as created:
       time.sleep(0.3)
       created.after_create_session(None, None)
       waited = caplog.text.count('has waited')
@@ -401,10 +402,93 @@ def test_a_task_waiting_for_its_session_says_so_until_it_has_one(caplog):
   caplog.clear()
   worker = cluster_spec.resolve(_options(task=1))
   with caplog.at_level('WARNING'):
-    with cluster_lib.noticing_waits(worker, every=0.05):
+    with cluster_session.noticing_waits(worker, every=0.05):
       time.sleep(0.2)
   assert ('worker task 1 has waited 0 s for the ps task(s) at 127.0.0.1:2220 '
           'and the chief at 127.0.0.1:2221') in caplog.text
+
+
+def _options_graph(cluster, names, model=None, **train):
+  """A graph of float variables `names` placed as a cluster task places
+  them, its Scaffold, and the ChiefOptions of `model` / TrainOptions."""
+  graph = tf.Graph()
+  with graph.as_default():
+    with tf.device(cluster_lib.variables_device(cluster)):
+      for name in names:
+        tf.Variable(1.0, name=name)
+    options = cluster_session.ChiefOptions(cluster_session.run_options_text(
+        model or tt.tiny_model_options(),
+        config.TrainOptions(**dict({'train_batch_size': 2}, **train)), cluster))
+    return graph, tf.train.Scaffold(), options
+
+
+def _first_variable(graph):
+  return graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)[0]
+
+
+def test_a_worker_with_options_other_than_the_chiefs_refuses_to_train(
+    tmp_path):
+  """In-process ps, chief and worker servers. Before, a worker with another
+  model variant waited for ever for variables the chief never made, and one
+  with another depth multiplier failed in its first step with a shape
+  error; one with another batch size trained."""
+  from deeplab_train.cli import app  # pylint: disable=g-import-not-at-top
+  hosts = ['127.0.0.1:%d' % port for port in free_ports(3)]
+  tasks = [cluster_spec.resolve(_options(ps_hosts=hosts[:1],
+                                         worker_hosts=hosts[1:], **kw))
+           for kw in ({'job_name': 'ps'}, {'task': 0}, {'task': 1})]
+  servers = [cluster_lib.start_server(task) for task in tasks]
+  _, chief, worker = tasks
+
+  def create(task, graph, scaffold, options, grace=0.3):
+    creator = cluster_session.session_creator(
+        task, scaffold, servers[tasks.index(task)].target,
+        cluster_session.session_config(task), str(tmp_path), options,
+        max_wait_secs=timeouts.HANG_SECONDS, recovery_wait_secs=0.05,
+        mismatch_grace_secs=grace)
+    with graph.as_default():
+      return creator.create_session()
+
+  # A worker that starts first waits for the chief to publish its options.
+  waited = {}
+  graph, scaffold, options = _options_graph(worker, ['w'])
+  early = threading.Thread(target=lambda: waited.update(
+      session=create(worker, graph, scaffold, options)))
+  early.start()
+  time.sleep(0.5)
+  assert 'session' not in waited
+  create(chief, *_options_graph(chief, ['w']))
+  early.join(timeout=timeouts.HANG_SECONDS)
+  assert waited['session'].run(_first_variable(graph)) == 1.0
+
+  # Per-machine settings may differ.
+  graph, scaffold, options = _options_graph(
+      worker, ['w'], num_clones=2, mixed_precision='bf16', seed=3)
+  session = create(worker, graph, scaffold, options)
+  assert session.run(_first_variable(graph)) == 1.0
+
+  # Another batch size: the model is ready, and still refused.
+  start = time.time()
+  with pytest.raises(config.ConfigError) as error:
+    create(worker, *_options_graph(worker, ['w'], train_batch_size=4))
+  assert time.time() - start >= 0.3  # the grace for a restarting chief
+  assert app.user_message(error.value) == (
+      "worker task 1 was started with options that differ from the chief's: "
+      '--train_batch_size=4 here, 2 on the chief: start every worker with '
+      'the flags of the chief (only --num_clones, --mixed_precision and the '
+      'other per-machine settings may differ). If the ps tasks still held '
+      'the options of an earlier run, start this worker again once the '
+      'chief of this run trains')
+
+  # Another model: variables the chief never made.
+  other = config.ModelOptions(
+      num_classes=tt.NUM_CLASSES, model_variant='xception_65',
+      crop_size=(33, 33), output_stride=16, depth_multiplier=0.5).validate()
+  with pytest.raises(config.ConfigError) as error:
+    create(worker, *_options_graph(worker, ['w', 'entry_flow/w'], other))
+  assert ('--depth_multiplier=0.5 here, 0.25 on the chief; '
+          '--model_variant=xception_65 here, mobilenet_v2 on the chief: '
+          in app.user_message(error.value))
 
 
 def test_join_hook_stops_a_worker_joining_a_finished_run():

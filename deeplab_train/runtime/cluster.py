@@ -4,8 +4,10 @@ Parameter-server tasks hold the variables and serve until killed; worker
 tasks each build the same training graph, towers and all, and run it
 against their own gRPC server. Worker 0 is the chief: it initialises the
 variables (or restores the last checkpoint of the logdir, or runs the
-init-fn), writes checkpoints and summaries and holds the logdir lock; the
-other workers wait until the chief made the model ready, then train. Which
+init-fn), publishes its options on the ps, writes checkpoints and summaries
+and holds the logdir lock; the other workers wait until the chief made the
+model ready, check their options against its own, then train (the sessions:
+cluster_session.py). Which
 task this process is comes from runtime/cluster_spec.py.
 
 Synchronous training wraps the optimizer in `SyncReplicasOptimizer`
@@ -15,7 +17,6 @@ own, and worker i waits for global step i * startup_delay_steps first, as
 the original DeepLab did, so the replicas do not all start from the same
 weights.
 """
-import contextlib
 import signal
 import threading
 import time
@@ -26,9 +27,6 @@ import tensorflow.compat.v1 as tf
 from deeplab_train.config import ConfigError
 from deeplab_train.runtime import lock as lock_lib
 
-# Seconds between two checks of a waiting non-chief worker (TensorFlow's
-# default is 30, which makes every join slow).
-RECOVERY_WAIT_SECS = 0.5
 # Seconds between two global-step reads while waiting for a start step.
 _POLL_SECS = 0.5
 # Lock file of a non-chief worker in a logdir it shares with the chief.
@@ -98,112 +96,6 @@ def variables_device(cluster):
   return tf.train.replica_device_setter(
       ps_tasks=cluster.num_ps, ps_device='/job:ps',
       worker_device=cluster.task_device)
-
-
-def session_config(cluster, base=None):
-  """`base` (a ConfigProto) restricted to this worker and the ps tasks.
-
-  Without the filter a session would wait for every task of the cluster to
-  be up, and a worker could not (re)join once another worker has exited.
-  """
-  config = tf.ConfigProto()
-  if base is not None:
-    config.CopyFrom(base)
-  del config.device_filters[:]
-  config.device_filters.extend(['/job:ps', cluster.task_device])
-  return config
-
-
-class _WorkerSessionCreator(tf.train.SessionCreator):
-  """A non-chief worker's session: waits until the chief made the model
-  ready, checking every `recovery_wait_secs`."""
-
-  def __init__(self, scaffold, master, config, max_wait_secs,
-               recovery_wait_secs):
-    self._scaffold = scaffold
-    self._master = master
-    self._config = config
-    self._max_wait_secs = max_wait_secs
-    self._recovery_wait_secs = recovery_wait_secs
-
-  def create_session(self):
-    self._scaffold.finalize()
-    manager = tf.train.SessionManager(
-        local_init_op=self._scaffold.local_init_op,
-        local_init_feed_dict=self._scaffold.local_init_feed_dict,
-        ready_op=self._scaffold.ready_op,
-        ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
-        graph=tf.get_default_graph(),
-        recovery_wait_secs=self._recovery_wait_secs)
-    logging.info('Waiting for the chief to initialise the model')
-    return manager.wait_for_session(self._master, config=self._config,
-                                    max_wait_secs=self._max_wait_secs)
-
-
-# Seconds between two notices of a task still waiting for its session.
-WAIT_NOTICE_SECS = 30
-
-
-class _SessionCreated(tf.train.SessionRunHook):
-  """Sets `event` once the session exists (the first hook to hear of it)."""
-
-  def __init__(self, event):
-    self._event = event
-
-  def after_create_session(self, session, coord):
-    self._event.set()
-
-
-@contextlib.contextmanager
-def noticing_waits(cluster, every=WAIT_NOTICE_SECS):
-  """Yields a hook to put first in the session's hooks; until the session
-  is created (or the block ends), logs every `every` seconds that this task
-  is still waiting for the other tasks. A chief waiting for a ps that is not
-  up said nothing (TensorFlow's own notice is an INFO line of its C++ log,
-  which TF_CPP_MIN_LOG_LEVEL=2 hides). Nothing is logged for a
-  single-machine run (`cluster` None)."""
-  created = threading.Event()
-  if cluster is not None:
-    others = 'the ps task(s) at %s' % ', '.join(cluster.ps_hosts)
-    if not cluster.is_chief:
-      others += ' and the chief at %s' % cluster.worker_hosts[0]
-    this = ('the chief' if cluster.is_chief
-            else 'worker task %d' % cluster.task)
-
-    def notice():
-      start = time.time()
-      while not created.wait(every):
-        logging.warning('%s has waited %.0f s for %s: are they up and '
-                        'reachable?', this, time.time() - start, others)
-    threading.Thread(target=notice, name='wait-notice', daemon=True).start()
-  try:
-    yield _SessionCreated(created)
-  finally:
-    created.set()
-
-
-def session_creator(cluster, scaffold, master, config, checkpoint_dir,
-                    max_wait_secs=7200, recovery_wait_secs=RECOVERY_WAIT_SECS):
-  """The session creator of a worker (use in tf.train.MonitoredSession).
-
-  The chief restores the last checkpoint of `checkpoint_dir` (or initialises
-  the variables and runs the scaffold's init_fn); the others wait for it.
-
-  Args:
-    cluster: a Cluster (a worker).
-    scaffold: the training graph's tf.train.Scaffold.
-    master: the worker's `server.target`.
-    config: its session ConfigProto (see `session_config`).
-    checkpoint_dir: the train logdir.
-    max_wait_secs: how long a non-chief waits for the chief.
-    recovery_wait_secs: seconds between its checks.
-  """
-  if cluster.is_chief:
-    return tf.train.ChiefSessionCreator(
-        scaffold=scaffold, master=master, config=config,
-        checkpoint_dir=checkpoint_dir)
-  return _WorkerSessionCreator(scaffold, master, config, max_wait_secs,
-                               recovery_wait_secs)
 
 
 # ---------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from deeplab_train.config import errors
 from deeplab_train.data import pipeline
 from deeplab_train.runtime import checkpoint_state
 from deeplab_train.runtime import cluster as cluster_lib
+from deeplab_train.runtime import cluster_session
 from deeplab_train.runtime import hooks as hooks_lib
 from deeplab_train.runtime import lock as lock_lib
 from deeplab_train.runtime import session_config as session_lib
@@ -455,9 +456,13 @@ class TrainingRun:
           save_checkpoint_steps=None, save_summaries_steps=None,
           save_summaries_secs=None, log_step_count_steps=None,
           config=session_config)
-    creator = cluster_lib.session_creator(
+    spec = self.spec
+    options = cluster_session.ChiefOptions(cluster_session.run_options_text(
+        spec.model_options, spec.train_options, self.cluster))
+    creator = cluster_session.session_creator(
         self.cluster, g.scaffold, self.master,
-        cluster_lib.session_config(self.cluster, session_config), logdir)
+        cluster_session.session_config(self.cluster, session_config), logdir,
+        options)
     return tf.train.MonitoredSession(
         session_creator=creator, hooks=hook_list,
         stop_grace_period_secs=cluster_lib.STOP_GRACE_SECS)
@@ -469,7 +474,7 @@ class TrainingRun:
     self._hooks_now = hooks
     try:
       with g.graph.as_default():
-        with cluster_lib.noticing_waits(self.cluster) as created:
+        with cluster_session.noticing_waits(self.cluster) as created:
           session = self._open_session(g, [created] + hooks.all)
         with session as sess:
           while not sess.should_stop():
