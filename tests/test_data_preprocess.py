@@ -215,3 +215,23 @@ def test_training_needs_label_and_crop():
   with pytest.raises(ConfigError, match='crop size'):
     preprocess.preprocess_image_and_label(
         image, label, PreprocessOptions(crop_size=None), IGNORE, True)
+
+
+def test_a_one_pixel_side_scaled_down_keeps_one_pixel():
+  """A 1-pixel-wide image scaled below 1 had a side of 0: training stopped
+  with 'output dimensions must be positive' at the first such draw."""
+  image = tf.constant(np.full((5, 1, 3), 200, np.uint8))
+  label = tf.constant(np.full((5, 1, 1), 3, np.int32))
+  scaled_image, scaled_label = image_ops.scale_image_and_label(
+      image, label, tf.constant(0.5))
+  assert scaled_image.shape.as_list() == [2, 1, 3]
+  assert scaled_label.numpy()[:, 0, 0].tolist() == [3, 3]
+  crop_image, crop_label = preprocess.scale_pad_and_crop(
+      image, label, tf.constant(0.5), 4, 4, (127, 127, 127), 255,
+      tf.constant([1, 2]))
+  assert crop_image.shape.as_list() == [4, 4, 3]
+  # The one scaled column holds the image and its label; the rest is
+  # padding.
+  assert sorted(np.unique(crop_label.numpy()).tolist()) == [3, 255]
+  assert np.isclose(crop_image.numpy()[crop_label.numpy()[..., 0] == 3],
+                    200).all()

@@ -96,9 +96,10 @@ def scale_image_and_label(image, label, scale):
 
 
 def scaled_size(height, width, scale):
-  """The size `scale_image_and_label` gives (sides truncated)."""
-  scaled = tf.cast(tf.cast(tf.stack([height, width]), tf.float32) * scale,
-                   tf.int32)
+  """The size `scale_image_and_label` gives: sides truncated, and at least
+  1 (a 1-pixel side scaled below 1 was 0, which no resize takes)."""
+  scaled = tf.maximum(tf.cast(tf.cast(tf.stack([height, width]), tf.float32)
+                              * scale, tf.int32), 1)
   return scaled[0], scaled[1]
 
 
