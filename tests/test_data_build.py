@@ -19,6 +19,7 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train.config import ConfigError
 from deeplab_train.data import build
+from deeplab_train.data import colormap
 from deeplab_train.data import datasets
 import test_data_common as common
 import train_testing as tt
@@ -206,6 +207,16 @@ def test_repeated_ids_are_converted_once_with_a_warning(tmp_path, caplog):
   assert names == [b'img_00', b'img_01', b'img_02']
 
 
+def test_a_list_saved_with_a_byte_order_mark_is_read(tmp_path):
+  """Notepad's BOM was taken into the first id, which then named a file
+  that seemed to exist ('missing: .../\ufeffimg_00.png')."""
+  images, labels, lists = voc(tmp_path, {'train': common.tiny_pairs(34, 2)})
+  with open(os.path.join(lists, 'train.txt'), 'wb') as f:
+    f.write(b'\xef\xbb\xbfimg_00\r\nimg_01\r\n')
+  info = build_voc(images, labels, lists, str(tmp_path / 'out'), OPTIONS)
+  assert info.splits_to_sizes == {'train': 2}
+
+
 def test_16_bit_grey_png_is_scaled_to_8_bits(tmp_path):
   pairs = common.tiny_pairs(27, 2)
   images, labels, lists = voc(tmp_path, {'train': pairs})
@@ -284,6 +295,74 @@ def test_out_of_range_label_names_file_and_values(tmp_path):
                      r'img_02.png: label values 7, 9 are outside \[0, 4\)')
 
 
+def test_jpeg_label_is_refused_by_its_format(tmp_path):
+  """Grey ids saved as JPEG (even named .png) were accepted with the
+  compression's in-between ids at every edge."""
+  pairs = common.tiny_pairs(31, 2)
+  images, labels, lists = voc(tmp_path, {'train': pairs}, label_mode='L')
+  Image.fromarray(pairs[1][2].astype(np.uint8)).save(
+      os.path.join(labels, 'img_01.png'), format='JPEG', quality=75)
+  with pytest.raises(build.DataError,
+                     match=r'img_01.png is a JPEG file: its compression '
+                           r'blurs the class ids.*save the labels as PNG'):
+    build_voc(images, labels, lists, str(tmp_path / 'out'), OPTIONS)
+
+
+def _renumbered_palette_label(path, ids):
+  """`ids` saved as a palette PNG whose index i has the pascal colour of id
+  (i + 1) % 4: what an editor's indexed mode makes of a VOC label."""
+  pascal = colormap.get_colormap('pascal')
+  palette = np.zeros((256, 3), np.uint8)
+  for i in range(4):
+    palette[i] = pascal[(i + 1) % 4]
+  im = Image.fromarray(((ids.astype(np.int64) + 3) % 4).astype(np.uint8),
+                       mode='P')
+  im.putpalette(palette.reshape(-1).tolist())
+  im.save(path)
+
+
+def test_a_renumbered_palette_label_is_refused(tmp_path):
+  """Its indices were read as ids: every class shifted, without a word."""
+  pairs = common.tiny_pairs(32, 2)
+  images, labels, lists = voc(tmp_path, {'train': pairs})
+  ids = pairs[0][2]
+  _renumbered_palette_label(os.path.join(labels, 'img_00.png'), ids)
+  # The colours it shows are the right classes.
+  shown = np.asarray(Image.open(os.path.join(labels, 'img_00.png')).convert(
+      'RGB'))
+  np.testing.assert_array_equal(
+      shown, colormap.get_colormap('pascal')[ids])
+  with pytest.raises(build.DataError) as error:
+    build_voc(images, labels, lists, str(tmp_path / 'out'), OPTIONS)
+  assert str(error.value).startswith(
+      os.path.join(labels, 'img_00.png') + ": its palette holds the pascal "
+      "palette's colours at other indices (index 0 has the colour "
+      '(128,0,0) of id 1, ')
+  assert str(error.value).endswith(
+      'if its indices are the class ids, pass convert_rgb_labels=false')
+  # Told that the indices are the ids, the build reads them as such.
+  out = str(tmp_path / 'out')
+  build_voc(images, labels, lists, out, build.BuildOptions(
+      num_classes=4, num_shards=2, convert_rgb_labels=False))
+  np.testing.assert_array_equal(all_records(out, 'train', 2)[0][2],
+                                (ids.astype(np.int64) + 3) % 4)
+
+
+def test_palette_labels_of_their_own_colours_are_read_as_ids(tmp_path):
+  pairs = common.tiny_pairs(33, 2)
+  images, labels, lists = voc(tmp_path, {'train': pairs})
+  for (name, _, ids), palette in zip(pairs, (
+      [0] * 768,  # one colour for every index: it says nothing
+      [v for i in range(256) for v in (i, i, i)])):  # a grey ramp
+    im = Image.fromarray(ids.astype(np.uint8), mode='P')
+    im.putpalette(palette)
+    im.save(os.path.join(labels, name + '.png'))
+  out = str(tmp_path / 'out')
+  build_voc(images, labels, lists, out, OPTIONS)
+  for (_, _, ids), (_, _, want) in zip(all_records(out, 'train', 2), pairs):
+    np.testing.assert_array_equal(ids, want)
+
+
 def test_size_mismatch_names_both_files(tmp_path):
   pairs = common.tiny_pairs(12, 2, sizes=[(20, 24), (21, 25)])
   pairs[1] = (pairs[1][0], pairs[1][1], pairs[1][2][:, :-1])
@@ -312,7 +391,7 @@ def test_missing_listed_files_are_listed(tmp_path):
                     image_format='png')
 
 
-def test_generic_layout_matches_by_stem(tmp_path):
+def test_generic_layout_matches_by_stem(tmp_path, caplog):
   rng = np.random.RandomState(0)
   img_dir, mask_dir = tmp_path / 'images', tmp_path / 'masks'
   img_dir.mkdir()
@@ -335,6 +414,22 @@ def test_generic_layout_matches_by_stem(tmp_path):
   assert names == ['a', 'b', 'c']
   for name, (_, _, ids) in zip(names, records):
     np.testing.assert_array_equal(ids, want[name])
+
+  # Files that are not .jpg/.jpeg/.png images, and masks without an
+  # image, were left out without a word.
+  Image.fromarray(common.random_image(rng, 18, 22)).save(
+      str(img_dir / 'd.bmp'))
+  common.save_label(str(mask_dir / 'd.png'), want['a'])
+  common.save_label(str(mask_dir / 'e.png'), want['a'])
+  with caplog.at_level('WARNING'):
+    info = build.build_generic(str(img_dir), str(mask_dir), 'train', out,
+                               OPTIONS)
+  assert info.splits_to_sizes == {'train': 3}
+  assert ('%s: 1 file(s) skipped, not .jpg/.jpeg/.png images: d.bmp; '
+          'convert them to JPEG or PNG to train on them' % img_dir
+         ) in caplog.text
+  assert ('%s: 2 mask(s) have no image in %s, and are skipped: d.png, e.png'
+          % (mask_dir, img_dir)) in caplog.text
 
   os.remove(str(mask_dir / 'b.png'))
   with pytest.raises(build.DataError, match=r'1 image\(s\) .* have no '

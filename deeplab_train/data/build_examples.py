@@ -3,8 +3,9 @@
 Every pair is validated before it is written: the image decodes, image and
 label have the same size, and label ids lie in `[0, num_classes)` or equal
 `ignore_label`. Label PNGs in palette ('P') or grey ('L') form are read as
-ids; RGB colour labels are mapped back to ids through the colormap, or
-refused. Labels are always re-encoded as single-channel PNGs of ids (readers
+ids (a palette holding the dataset palette's colours at other indices is
+refused: an editor renumbered it); RGB colour labels are mapped back to ids
+through the colormap, or refused; JPEG labels are refused. Labels are always re-encoded as single-channel PNGs of ids (readers
 decode them with `decode_png(channels=1)`). `encode_pair` also returns the
 decoded ids, for the split's statistics.
 """
@@ -129,7 +130,8 @@ def read_label(path, options, label_map=None):
   try:
     with Image.open(path) as im:
       im.load()
-      mode = im.mode
+      mode, fmt = im.mode, im.format
+      palette = im.getpalette() if mode == 'P' else None
       if mode in ('RGB', 'RGBA'):
         pixels = np.asarray(im.convert('RGB'))
       else:
@@ -137,6 +139,12 @@ def read_label(path, options, label_map=None):
   except (OSError, ValueError, Image.DecompressionBombError) as e:
     raise build_options.DataError('%s is not a readable label image (%s)',
                                   path, e) from None
+  if fmt == 'JPEG':
+    raise build_options.DataError(
+        '%s is a JPEG file: its compression blurs the class ids into other '
+        'ids along every edge; save the labels as PNG', path)
+  if palette and label_map is None and options.convert_rgb_labels:
+    _check_palette_order(pixels, palette, path, options)
   if mode in _ID_MODES:
     ids = pixels.astype(np.int64)
     if label_map is not None:
@@ -159,6 +167,41 @@ def read_label(path, options, label_map=None):
         'PNG of class ids', path, mode)
   check_label_values(ids, path, options.num_classes, options.ignore_label)
   return ids.astype(np.uint8)
+
+
+def _check_palette_order(indices, palette, path, options):
+  """Refuses a palette label whose used colours are the dataset palette's
+  at other indices: an image editor (indexed mode, quantisation) renumbered
+  its palette, and its indices are no longer the class ids the colours
+  show. A palette of its own colours, or one that repeats a used colour,
+  says nothing about the ids and is read as it is."""
+  colours = np.asarray(palette, dtype=np.int64).reshape(-1, 3)
+  used = np.unique(indices)
+  if used.size == 0 or used.max() >= len(colours):
+    return
+  packed = ((colours[used, 0] << 16) | (colours[used, 1] << 8) |
+            colours[used, 2])
+  if len(np.unique(packed)) < len(used):
+    return
+  table = _colour_table(options.palette(), options.num_classes,
+                        options.ignore_label)
+  if not all(int(c) in table for c in packed):
+    return
+  moved = [(int(i), int(c), table[int(c)]) for i, c in zip(used, packed)
+           if table[int(c)] != i]
+  if moved:
+    palette_name = options.palette()
+    raise build_options.DataError(
+        '%s: its palette holds the %s palette\'s colours at other indices '
+        '(%s), so its indices are not the class ids its colours show: save '
+        'it with the dataset\'s palette, or as an RGB PNG, which is '
+        'converted by colour; if its indices are the class ids, pass '
+        '{BuildOptions.convert_rgb_labels}=false', path,
+        palette_name if isinstance(palette_name, str) else 'given',
+        build_options.few(
+            'index %d has the colour (%d,%d,%d) of id %d' % (
+                i, c >> 16, (c >> 8) & 255, c & 255, class_id)
+            for i, c, class_id in moved))
 
 
 def check_label_values(ids, path, num_classes, ignore_label):

@@ -15,6 +15,7 @@ Three layouts are read:
 Everything is listed and checked (folders, lists, each listed file) before
 anything is converted; the missing files of a list are reported together.
 """
+import codecs
 import collections
 import dataclasses
 import logging
@@ -123,7 +124,11 @@ def _read_ids(list_file):
     DataError: a line that is not UTF-8 text (ids are stored as UTF-8).
   """
   with open(list_file, 'rb') as f:
-    lines = f.read().splitlines()
+    text = f.read()
+  # A byte-order mark (Windows Notepad writes one) is not part of the first
+  # id, which it made a file name that seemed to exist and did not.
+  lines = text[len(codecs.BOM_UTF8):].splitlines() if text.startswith(
+      codecs.BOM_UTF8) else text.splitlines()
   ids = []
   for number, line in enumerate(lines, 1):
     try:
@@ -163,10 +168,14 @@ def generic_entries(image_folder, masks_folder, label_format='png'):
   """
   require_dir(image_folder, '{build_generic.image_folder}')
   require_dir(masks_folder, '{build_generic.masks_folder}')
-  images = {}
+  images, skipped = {}, []
   for f in sorted(os.listdir(image_folder)):
     stem, ext = os.path.splitext(f)
-    if ext.lower() not in IMAGE_EXTENSIONS or f.startswith('.'):
+    if f.startswith('.') or not os.path.isfile(os.path.join(image_folder,
+                                                            f)):
+      continue
+    if ext.lower() not in IMAGE_EXTENSIONS:
+      skipped.append(f)
       continue
     _utf8_file_name(image_folder, f)
     if stem in images:
@@ -190,6 +199,18 @@ def generic_entries(image_folder, masks_folder, label_format='png'):
         '%d image(s) in %s have no <stem>.%s mask in %s: %s', len(unmatched),
         image_folder, label_format, masks_folder,
         build_options.few(unmatched))
+  if skipped:
+    _log.warning('%s: %d file(s) skipped, not .jpg/.jpeg/.png images: %s; '
+                 'convert them to JPEG or PNG to train on them', image_folder,
+                 len(skipped), build_options.few(skipped))
+  orphans = sorted(
+      f for f in os.listdir(masks_folder)
+      if f.endswith('.' + label_format) and not f.startswith('.')
+      and f[:-len(label_format) - 1] not in images)
+  if orphans:
+    _log.warning('%s: %d mask(s) have no image in %s, and are skipped: %s',
+                 masks_folder, len(orphans), image_folder,
+                 build_options.few(orphans))
   return entries
 
 
