@@ -327,6 +327,20 @@ def test_warnings_name_the_classes():
                                                     ignore_pixels=8)) == []
 
 
+def test_binary_masks_of_0_and_255_get_a_hint():
+  """0/255 masks with 2 classes: the foreground is the ignore label, and the
+  warning said only that class 1 has no pixel."""
+  counted = _split_stats((870, 0), ignore_pixels=130)
+  assert stats.split_warnings('train', counted, None, 255) == [
+      "split 'train' has no pixel of class 1: the model cannot learn them; "
+      'its labels hold 0 and the ignore label 255 only: if 255 marks the '
+      'foreground (binary masks of 0 and 255), save the masks with 1 for the '
+      'foreground']
+  # Without ignore pixels, nothing suggests 0/255 masks.
+  assert 'binary' not in ' '.join(stats.split_warnings(
+      'train', _split_stats((870, 0)), None, 255))
+
+
 def test_table_shows_counts_shares_and_marks():
   counted = _split_stats((600000, 0, 400, 0), ignore_pixels=300000)
   table = stats.format_table('train', counted, NAMES, 255)

@@ -146,6 +146,24 @@ def test_image_dir_16_bit_grey_png_is_drawn_scaled(tmp_path):
                                 np.stack([want] * 3, axis=-1))
 
 
+def test_image_dir_image_over_pillows_pixel_limit_is_named(tmp_path,
+                                                          monkeypatch):
+  """An orthophoto over Pillow's limit ended vis with a traceback that did
+  not name the file, speaking of a 'decompression bomb DOS attack'."""
+  photos = tmp_path / 'huge'
+  photos.mkdir()
+  Image.fromarray(np.zeros((30, 40, 3), np.uint8)).save(photos / 'h.png')
+  # Refused over 2 x MAX_IMAGE_PIXELS (Pillow's rule): 1200 > 2 x 500.
+  monkeypatch.setattr(Image, 'MAX_IMAGE_PIXELS', 500)
+  with pytest.raises(config.ConfigError) as error:
+    list(vis.iterate_image_dir(
+        str(photos), config.PreprocessOptions(crop_size=None), None))
+  assert str(error.value) == (
+      'cannot read image %s: Image size (1200 pixels) exceeds limit of '
+      '1000 pixels, which Pillow refuses as a possible decompression bomb: '
+      'cut it into smaller images' % (photos / 'h.png'))
+
+
 def test_resize_nearest_matches_tensorflow():
   import tensorflow.compat.v1 as tf
   labels = np.random.RandomState(0).randint(0, 9, (7, 10)).astype(np.int32)

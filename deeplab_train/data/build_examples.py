@@ -52,10 +52,11 @@ def read_image(path):
       buf = io.BytesIO()
       pil_images.to_rgb(im).save(buf, format='PNG')
       return buf.getvalue(), 'png', height, width
-  except (OSError, ValueError, Image.DecompressionBombError) as e:
+  except pil_images.READ_ERRORS as e:
     # Pillow names the buffer it read ("cannot identify image file
     # <_io.BytesIO object at 0x...>"); the path is named instead.
-    reason = _BUFFER_NAME.sub('', str(e)) or type(e).__name__
+    reason = (_BUFFER_NAME.sub('', pil_images.read_error_reason(e))
+              or type(e).__name__)
     raise build_options.DataError('%s is not a readable image (%s)', path,
                                   reason) from None
 
@@ -136,9 +137,10 @@ def read_label(path, options, label_map=None):
         pixels = np.asarray(im.convert('RGB'))
       else:
         pixels = np.asarray(im)
-  except (OSError, ValueError, Image.DecompressionBombError) as e:
+  except pil_images.READ_ERRORS as e:
     raise build_options.DataError('%s is not a readable label image (%s)',
-                                  path, e) from None
+                                  path, pil_images.read_error_reason(e)
+                                  ) from None
   if fmt == 'JPEG':
     raise build_options.DataError(
         '%s is a JPEG file: its compression blurs the class ids into other '

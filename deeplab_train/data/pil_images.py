@@ -4,6 +4,9 @@ PIL's own convert('RGB') clips the pixels of 16- and 32-bit grey images
 (modes I;16*, I) at 255, so a 16-bit grey PNG comes out all white. Those
 are scaled to 8 bits here instead (v / 257, the 16-bit full scale onto the
 8-bit one), as TensorFlow's PNG decoder does when asked for uint8.
+
+`READ_ERRORS` are what opening a bad file raises, and `read_error_reason`
+says why in the user's terms.
 """
 import numpy as np
 from PIL import Image
@@ -11,6 +14,19 @@ from PIL import Image
 # Modes of one channel of integers wider than 8 bits (16-bit PNGs open as
 # I;16 or, in older Pillow, I).
 DEEP_GREY_MODES = ('I', 'I;16', 'I;16B', 'I;16L', 'I;16N')
+# What PIL raises for a file it cannot read: a broken or unknown file, or
+# one over its pixel limit (DecompressionBombError is not an OSError).
+READ_ERRORS = (OSError, ValueError, Image.DecompressionBombError)
+
+
+def read_error_reason(error):
+  """Why PIL could not read a file. Over its pixel limit, PIL speaks of a
+  'decompression bomb DOS attack'; the image is just too large, and cutting
+  it into tiles is what to do."""
+  if isinstance(error, Image.DecompressionBombError):
+    return ('%s, which Pillow refuses as a possible decompression bomb: cut '
+            'it into smaller images' % str(error).split(', could be')[0])
+  return str(error)
 
 
 def to_rgb(im):

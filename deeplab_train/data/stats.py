@@ -362,6 +362,17 @@ def is_training_split(split):
   return split.startswith(TRAINING_SPLIT_PREFIX)
 
 
+def _binary_mask_hint(counted, missing, ignore_label):
+  """What to do when two classes' labels hold class 0 and the ignore label
+  only: masks of 0 and 255 read with the ignore label 255 (the default)."""
+  if (counted.num_classes != 2 or missing != [1] or
+      not counted.ignore_pixels or ignore_label is None):
+    return ''
+  return ('; its labels hold 0 and the ignore label %d only: if %d marks the '
+          'foreground (binary masks of 0 and %d), save the masks with 1 for '
+          'the foreground' % (ignore_label, ignore_label, ignore_label))
+
+
 def split_warnings(split, counted, class_names=None, ignore_label=None):
   """What deserves a look in a split's statistics, one line each.
 
@@ -381,7 +392,9 @@ def split_warnings(split, counted, class_names=None, ignore_label=None):
     missing = [i for i, p in enumerate(counted.class_pixels) if not p]
     if missing and is_training_split(split):
       out.append('split %r has no pixel of %s: the model cannot learn '
-                 'them' % (split, _listed(name(i) for i in missing)))
+                 'them%s' % (split, _listed(name(i) for i in missing),
+                             _binary_mask_hint(counted, missing,
+                                               ignore_label)))
     rare = [(i, s) for i, s in enumerate(counted.class_shares())
             if 0 < s < RARE_CLASS_SHARE]
     if rare:

@@ -151,9 +151,9 @@ def iterate_image_dir(image_dir, preprocess_options, mean_pixel):
       try:
         with Image.open(path) as im:
           original = np.asarray(pil_images.to_rgb(im))
-      except (OSError, ValueError) as e:
-        raise config.ConfigError('cannot read image %s: %s'
-                                 % (path, e)) from None
+      except pil_images.READ_ERRORS as e:
+        raise config.ConfigError('cannot read image %s: %s' % (
+            path, pil_images.read_error_reason(e))) from None
       yield {'image': resize(original), 'label': None, 'name': name,
              'height': original.shape[0], 'width': original.shape[1],
              'original_image': original}
