@@ -371,6 +371,39 @@ def test_size_mismatch_names_both_files(tmp_path):
                      r'but label \S*img_01.png is 24x21')
 
 
+def _save_with_orientation(path, image, orientation):
+  exif = Image.Exif()
+  exif[0x0112] = orientation
+  Image.fromarray(image).save(path, exif=exif)
+
+
+def test_images_with_an_exif_orientation_are_named(tmp_path, caplog):
+  """Phone photos: viewers turn them, TensorFlow does not. A label drawn on
+  the turned photo did not line up, without a word; one of swapped size
+  was a plain size mismatch."""
+  pairs = common.tiny_pairs(35, 2, sizes=[(20, 20), (20, 28)])
+  images, labels, lists = voc(tmp_path, {'train': pairs})
+  square = os.path.join(images, 'img_00.png')
+  _save_with_orientation(square, pairs[0][1], 3)
+  out = str(tmp_path / 'out')
+  with caplog.at_level('WARNING'):
+    build_voc(images, labels, lists, out, OPTIONS)
+  assert ('1 image(s) carry an EXIF orientation that viewers apply (turned '
+          'or mirrored): %s. Their pixels are stored as the files hold them'
+          % square) in caplog.text
+  # Stored as the file holds them.
+  np.testing.assert_array_equal(all_records(out, 'train', 2)[0][1],
+                                pairs[0][1])
+
+  _save_with_orientation(os.path.join(images, 'img_01.png'), pairs[1][1], 6)
+  common.save_label(os.path.join(labels, 'img_01.png'), pairs[1][2].T)
+  with pytest.raises(build.DataError,
+                     match=r'img_01.png is 28x20 \(WxH\) but label \S+ is '
+                           r'20x28; the image carries EXIF orientation 6, '
+                           r'which viewers apply'):
+    build_voc(images, labels, lists, str(tmp_path / 'out2'), OPTIONS)
+
+
 def test_unreadable_image_is_named_without_pillows_buffer(tmp_path):
   images, labels, lists = voc(tmp_path, {'train': common.tiny_pairs(14, 2)})
   with open(os.path.join(images, 'img_01.png'), 'wb') as f:

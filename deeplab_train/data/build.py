@@ -73,6 +73,7 @@ def _write_shard(entries, temp_path, options, stop):
   """Writes one shard; returns the stats.SplitCounter of its pairs."""
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   counter = stats.SplitCounter(options.num_classes, options.ignore_label)
+  oriented = []
   try:
     with tf.io.TFRecordWriter(temp_path) as writer:
       for entry in entries:
@@ -81,9 +82,20 @@ def _write_shard(entries, temp_path, options, stop):
         pair = build_examples.encode_pair(entry, options)
         writer.write(pair.serialized)
         counter.add(pair.height, pair.width, pair.label_ids)
+        if pair.orientation != 1:
+          oriented.append(entry.image_path)
   except tf.errors.OpError as e:
     # The writer's (the pairs are read and encoded without TensorFlow).
     raise _write_failure(os.path.dirname(temp_path), e) from None
+  if oriented:
+    _log.warning(
+        '%d image(s) carry an EXIF orientation that viewers apply (turned or '
+        'mirrored): %s. Their pixels are stored as the files hold them, as '
+        'TensorFlow reads them; if their labels were drawn on the images as '
+        'viewers show them, they do not line up: apply the orientation to '
+        'the image files first (e.g. `exiftran -ai` or `mogrify '
+        '-auto-orient`) and build again', len(oriented),
+        build_options.few(oriented))
   return counter
 
 

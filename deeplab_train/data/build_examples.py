@@ -26,15 +26,24 @@ from deeplab_train.data import tfrecord
 _ID_MODES = ('P', 'L', '1', 'I', 'I;16', 'I;16B', 'I;16L')
 
 
+# The EXIF tag of the orientation viewers apply to a photo's pixels (1:
+# none; 2-8: mirrored and/or rotated; 5-8 swap width and height).
+EXIF_ORIENTATION = 0x0112
+_SWAPPING_ORIENTATIONS = (5, 6, 7, 8)
+
+
 def read_image(path):
   """Reads an image file as it will be stored.
 
   JPEG (grey or RGB) and PNG bytes of 8-bit modes are kept as they are;
   anything else (16-bit grey PNGs included, scaled to 8 bits) is re-encoded
-  as an RGB PNG so the reader can decode it.
+  as an RGB PNG so the reader can decode it. The pixels are stored as the
+  file holds them, whatever its EXIF orientation (TensorFlow's decoders,
+  and so the original DeepLab, ignore it too).
 
   Returns:
-    (encoded bytes, format 'jpeg' or 'png', height, width).
+    (encoded bytes, format 'jpeg' or 'png', height, width, EXIF orientation
+    (1 when it has none)).
 
   Raises:
     DataError: the file is not a readable image.
@@ -45,13 +54,14 @@ def read_image(path):
     with Image.open(io.BytesIO(data)) as im:
       im.load()
       fmt, mode, (width, height) = im.format, im.mode, im.size
+      orientation = im.getexif().get(EXIF_ORIENTATION, 1)
       if fmt == 'JPEG' and mode in ('L', 'RGB'):
-        return data, 'jpeg', height, width
+        return data, 'jpeg', height, width, orientation
       if fmt == 'PNG' and mode in ('L', 'LA', 'RGB', 'RGBA', 'P'):
-        return data, 'png', height, width
+        return data, 'png', height, width, orientation
       buf = io.BytesIO()
       pil_images.to_rgb(im).save(buf, format='PNG')
-      return buf.getvalue(), 'png', height, width
+      return buf.getvalue(), 'png', height, width, orientation
   except pil_images.READ_ERRORS as e:
     # Pillow names the buffer it read ("cannot identify image file
     # <_io.BytesIO object at 0x...>"); the path is named instead.
@@ -236,6 +246,7 @@ class EncodedPair:
   height: int
   width: int
   label_ids: Optional[np.ndarray]
+  orientation: int = 1  # the image's EXIF orientation (1: none)
 
 
 def encode_pair(entry, options):
@@ -247,19 +258,30 @@ def encode_pair(entry, options):
   Raises:
     DataError: any problem with the files, naming them.
   """
-  image_data, image_format, height, width = read_image(entry.image_path)
+  image_data, image_format, height, width, orientation = read_image(
+      entry.image_path)
   ids = label_data = None
   if entry.label_path is not None:
     ids = read_label(entry.label_path, options, entry.label_map)
     if ids.shape != (height, width):
+      rotated = ''
+      if (orientation in _SWAPPING_ORIENTATIONS and
+          ids.shape == (width, height)):
+        rotated = (
+            '; the image carries EXIF orientation %d, which viewers apply: '
+            'its label was drawn on the image as shown, turned. Apply the '
+            'orientation to the image file first (e.g. `exiftran -ai` or '
+            '`mogrify -auto-orient`): TensorFlow reads the pixels as the '
+            'file stores them' % orientation)
       raise build_options.DataError(
-          'size mismatch: image %s is %dx%d (WxH) but label %s is %dx%d',
+          'size mismatch: image %s is %dx%d (WxH) but label %s is %dx%d%s',
           entry.image_path, width, height, entry.label_path, ids.shape[1],
-          ids.shape[0])
+          ids.shape[0], rotated)
     label_data = encode_label_png(ids)
   example = tfrecord.encode_example(image_data, entry.name, image_format,
                                     height, width, label_data)
-  return EncodedPair(example.SerializeToString(), height, width, ids)
+  return EncodedPair(example.SerializeToString(), height, width, ids,
+                     orientation)
 
 
 def make_example(entry, options):
