@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import unicodedata
 
 import numpy as np
 from PIL import Image
@@ -215,6 +216,22 @@ def test_a_list_saved_with_a_byte_order_mark_is_read(tmp_path):
     f.write(b'\xef\xbb\xbfimg_00\r\nimg_01\r\n')
   info = build_voc(images, labels, lists, str(tmp_path / 'out'), OPTIONS)
   assert info.splits_to_sizes == {'train': 2}
+
+
+def test_listed_names_are_found_in_either_unicode_form(tmp_path):
+  """A list naming 'Küche' composed (most editors) and files named with it
+  decomposed (macOS): 'missing' named a file that seemed to be there."""
+  composed = 'K\u00fcche'
+  pairs = [(unicodedata.normalize('NFD', composed),) + pair[1:]
+           for pair in common.tiny_pairs(36, 1)]
+  images, labels, lists = voc(tmp_path, {'train': pairs})
+  with open(os.path.join(lists, 'train.txt'), 'w', encoding='utf-8') as f:
+    f.write(composed + '\n')
+  out = str(tmp_path / 'out')
+  build_voc(images, labels, lists, out, OPTIONS)
+  (feature, _, ids), = all_records(out, 'train', 2)
+  assert feature['image/filename'].bytes_list.value[0].decode() == composed
+  np.testing.assert_array_equal(ids, pairs[0][2])
 
 
 def test_16_bit_grey_png_is_scaled_to_8_bits(tmp_path):

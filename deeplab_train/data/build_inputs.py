@@ -20,6 +20,7 @@ import collections
 import dataclasses
 import logging
 import os
+import unicodedata
 from typing import Optional, Tuple
 
 from deeplab_train.config import ConfigError
@@ -105,8 +106,8 @@ def voc_entries(list_file, image_folder, label_folder, image_format='jpg',
     raise ConfigError('%s lists no images', list_file)
   entries, missing = [], []
   for name in ids:
-    image = os.path.join(image_folder, '%s.%s' % (name, image_format))
-    label = os.path.join(label_folder, '%s.%s' % (name, label_format))
+    image = _listed_file(image_folder, name, image_format)
+    label = _listed_file(label_folder, name, label_format)
     missing.extend(p for p in (image, label) if not os.path.isfile(p))
     entries.append(Entry(name, image, label))
   if missing:
@@ -115,6 +116,19 @@ def voc_entries(list_file, image_folder, label_folder, image_format='jpg',
         '{build_voc.label_folder} and {build_voc.image_format})',
         list_file, len(missing), build_options.few(missing))
   return entries
+
+
+def _listed_file(folder, name, extension):
+  """The path of `<name>.<extension>` in `folder`. A name with accents may
+  be stored in either Unicode form (macOS writes decomposed names, most
+  editors composed ones): the file is found under either; the plain path
+  when neither exists."""
+  for form in (None, 'NFC', 'NFD'):
+    stem = unicodedata.normalize(form, name) if form else name
+    path = os.path.join(folder, '%s.%s' % (stem, extension))
+    if os.path.isfile(path):
+      return path
+  return os.path.join(folder, '%s.%s' % (name, extension))
 
 
 def _read_ids(list_file):
