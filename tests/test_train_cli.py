@@ -224,6 +224,55 @@ def test_xla_on_cpu_towers_warns():
       towers_on_cpu=True)
 
 
+def test_fp16_on_cpu_towers_warns():
+  """TensorFlow's float16 rewrite changes GPU ops only: fp16 on a CPU ran
+  in float32 without a word."""
+  fp16 = config.TrainOptions(mixed_precision='fp16',
+                             fine_tune_batch_norm=False)
+  assert config.check_training_setup(tt.tiny_model_options(), fp16,
+                                     towers_on_cpu=True) == [
+                                         config.FP16_ON_CPU]
+  assert not config.check_training_setup(tt.tiny_model_options(), fp16)
+
+
+@pytest.mark.parametrize('model,train,message', [
+    # Each was accepted: a raw ZeroDivisionError / ValueError, a failure
+    # at the first step, or a run that trained uphill or learnt nothing.
+    ({'decoder_output_stride': (0,)}, {},
+     'decoder_output_stride must be >= 1, got 0'),
+    ({'divisible_by': 0}, {}, 'divisible_by must be >= 1, got 0'),
+    ({'atrous_rates': (0, -6, 12)}, {}, 'atrous_rates must be >= 1, got '
+     '0,-6,12'),
+    ({'image_pooling_stride': (0, 0)}, {},
+     'image_pooling_stride must be >= 1, got 0,0'),
+    ({'aspp_convs_filters': 0}, {}, 'aspp_convs_filters must be >= 1, got 0'),
+    ({'decoder_filters': 0}, {}, 'decoder_filters must be >= 1, got 0'),
+    ({'batch_norm_decay': 1.5}, {}, 'batch_norm_decay must be in [0, 1], '
+     'got 1.5'),
+    ({}, {'slow_start_learning_rate': -1.0},
+     'slow_start_learning_rate must be >= 0, got -1'),
+    ({}, {'learning_rate_decay_factor': -1.0},
+     'learning_rate_decay_factor must be >= 0, got -1'),
+    ({}, {'learning_power': -1.0}, 'learning_power must be >= 0, got -1'),
+])
+def test_values_that_trained_wrong_or_failed_late_are_refused(model, train,
+                                                              message):
+  with pytest.raises(config.ConfigError) as error:
+    tt.tiny_model_options().replace(**model).validate()
+    config.TrainOptions(**train).validate()
+  assert str(error.value).startswith(message)
+
+
+def test_a_crop_no_larger_than_the_output_stride_is_refused():
+  """1 = 0 x 16 + 1 passed the rule, then the loss diverged."""
+  with pytest.raises(config.ConfigError, match='crop_size=1,1 does not fit '
+                     'output_stride=16.*nearest valid size for 1: '
+                     r'\(none below\) or 17'):
+    config.check_training_setup(
+        tt.tiny_model_options().replace(crop_size=(1, 1)),
+        config.TrainOptions())
+
+
 @pytest.mark.parametrize('extra,gpu,warned', [
     (['--use_xla'], False, True),
     (['--use_xla', '--clone_on_cpu'], True, True),

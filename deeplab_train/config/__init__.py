@@ -33,5 +33,6 @@ from deeplab_train.config.train import LEARNING_POLICIES
 from deeplab_train.config.train import MIXED_PRECISION_MODES
 from deeplab_train.config.train import OPTIMIZERS
 from deeplab_train.config.train import TrainOptions
+from deeplab_train.config.train import FP16_ON_CPU
 from deeplab_train.config.train import XLA_ON_CPU
 from deeplab_train.config.train import valid_crop_sizes_near

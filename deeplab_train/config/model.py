@@ -112,13 +112,33 @@ class ModelOptions(JsonMixin):
     check(stride in OUTPUT_STRIDES, '{ModelOptions.output_stride} must be 4, '
           '8, 16 or 32, got %d' % stride)
     decoder = self.decoder_output_stride or ()
+    for name, values in (('decoder_output_stride', decoder),
+                         ('atrous_rates', self.atrous_rates or ()),
+                         ('multi_grid', self.multi_grid or ()),
+                         ('image_pooling_stride', self.image_pooling_stride),
+                         ('image_pooling_crop_size',
+                          self.image_pooling_crop_size or ())):
+      check(all(v >= 1 for v in values),
+            '{ModelOptions.%s} must be >= 1, got %s'
+            % (name, ','.join(map(str, values))))
+    for name in ('aspp_convs_filters', 'decoder_filters',
+                 'nas_stem_output_num_conv_filters'):
+      check(getattr(self, name) >= 1, '{ModelOptions.%s} must be >= 1, got '
+            '%d' % (name, getattr(self, name)))
+    check(self.divisible_by is None or self.divisible_by >= 1,
+          '{ModelOptions.divisible_by} must be >= 1, got %s'
+          % self.divisible_by)
+    check(0 <= self.batch_norm_decay <= 1,
+          '{ModelOptions.batch_norm_decay} must be in [0, 1], got %g (the '
+          "moving statistics' weight of their old value)"
+          % self.batch_norm_decay)
     check(all(s < stride and stride % s == 0 for s in decoder),
           '{ModelOptions.decoder_output_stride}=%s must divide and be smaller '
           'than {ModelOptions.output_stride}=%d'
           % (','.join(map(str, decoder)), stride))
     check(list(decoder) == sorted(decoder, reverse=True),
           '{ModelOptions.decoder_output_stride} must be in decreasing order, '
-          'e.g. 8,4; got %s' % (self.decoder_output_stride,))
+          'e.g. 8,4; got %s' % ','.join(map(str, decoder)))
     check(self.crop_size is None or len(self.crop_size) == 2,
           'crop size must be HEIGHT,WIDTH, got %s' % (self.crop_size,))
     check(self.merge_method in MERGE_METHODS, "{ModelOptions.merge_method} "

@@ -148,6 +148,17 @@ class TrainOptions(JsonMixin):
           '(0: the steps after the slow start)')
     check(self.end_learning_rate >= 0,
           '{TrainOptions.end_learning_rate} must be >= 0')
+    # A negative rate, factor or power trained uphill or let the rate grow
+    # without bound, without a word.
+    check(self.slow_start_learning_rate >= 0,
+          '{TrainOptions.slow_start_learning_rate} must be >= 0, got %g'
+          % self.slow_start_learning_rate)
+    check(self.learning_rate_decay_factor >= 0,
+          '{TrainOptions.learning_rate_decay_factor} must be >= 0, got %g'
+          % self.learning_rate_decay_factor)
+    check(self.learning_power >= 0,
+          '{TrainOptions.learning_power} must be >= 0, got %g'
+          % self.learning_power)
     check_one_of(field_ref(self, 'optimizer'), self.optimizer,
                  OPTIMIZERS)
     check(self.adam_learning_rate >= 0,
@@ -188,7 +199,8 @@ def check_training_setup(model_options, train_options, towers_on_cpu=False):
   """
   stride = model_options.output_stride
   for size in model_options.crop_size or ():
-    if (size - 1) % stride:
+    # 1 (= 0 * stride + 1) leaves the network no feature to learn from.
+    if (size - 1) % stride or size <= stride:
       lo, hi = valid_crop_sizes_near(size, stride)
       sizes = ','.join(str(s) for s in model_options.crop_size)
       raise ConfigError(
@@ -214,7 +226,19 @@ def check_training_setup(model_options, train_options, towers_on_cpu=False):
         % (train_options.clone_batch_size, MIN_BATCH_NORM_IMAGES))
   if train_options.use_xla and towers_on_cpu:
     warnings.append(XLA_ON_CPU)
+  if train_options.mixed_precision == 'fp16' and towers_on_cpu:
+    warnings.append(FP16_ON_CPU)
   return warnings
+
+
+# TensorFlow's float16 rewrite (grappler's auto_mixed_precision) changes
+# GPU ops only; its notice is a C++ log line that TF_CPP_MIN_LOG_LEVEL=2
+# hides.
+FP16_ON_CPU = ('{TrainOptions.mixed_precision}=fp16 with the towers on the '
+               "CPU: TensorFlow's float16 rewrite changes GPU ops only, so "
+               'the step runs in float32 here (with the loss scaling of fp16); '
+               "{TrainOptions.mixed_precision}=bf16 is the CPU's reduced "
+               'precision')
 
 
 # The network compiled by XLA for a CPU trains far slower than on
