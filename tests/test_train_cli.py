@@ -13,6 +13,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
+from deeplab_train.cli import app
 from deeplab_train.cli import train as train_cli
 from deeplab_train.cli import train_flags
 from deeplab_train.runtime import cpu as cpu_lib
@@ -222,6 +223,22 @@ def test_xla_on_cpu_towers_warns():
   assert not config.check_training_setup(
       tt.tiny_model_options(), xla.replace(use_xla=False),
       towers_on_cpu=True)
+
+
+def test_resuming_with_another_optimizer_is_refused(tmp_path):
+  """Its slot variables are in the checkpoints: restoring failed with a
+  TensorFlow traceback."""
+  config.save_run_config(str(tmp_path), tt.tiny_model_options(),
+                         config.PreprocessOptions(), {'name': 'shapes'},
+                         config.TrainOptions(optimizer='adam'))
+  config.check_resumable(str(tmp_path), config.TrainOptions(optimizer='adam'))
+  with pytest.raises(config.ConfigError) as error:
+    config.check_resumable(str(tmp_path), config.TrainOptions())
+  assert app.user_message(error.value, train_cli.FLAG_NAMES) == (
+      '--optimizer=momentum, but the checkpoints in %s were trained with '
+      'adam, whose slot variables they hold (%s): pass --optimizer=adam to '
+      'train on, or start a new --train_logdir'
+      % (tmp_path, tmp_path / config.RUN_CONFIG_FILENAME))
 
 
 def test_fp16_on_cpu_towers_warns():

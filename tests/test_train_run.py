@@ -19,7 +19,8 @@ import train_testing as tt
 
 
 def _train(logdir, steps=4, input_fn=None, model_fn=None, options=None,
-           num_classes=tt.NUM_CLASSES, **run_flags):
+           num_classes=tt.NUM_CLASSES, preprocess_options=None, dataset=None,
+           **run_flags):
   images, labels = tt.synthetic_batch(2, 33)
   train = options or config.TrainOptions(
       train_batch_size=2, fine_tune_batch_norm=False, base_learning_rate=0.01,
@@ -32,7 +33,8 @@ def _train(logdir, steps=4, input_fn=None, model_fn=None, options=None,
       tt.tiny_model_options(num_classes), train, runs, ignore_label=255,
       input_fn=input_fn or tt.constant_input_fn(images, labels),
       model_fn=model_fn or tt.toy_model_fn(), last_layer_scopes=['logits'],
-      handle_signals=False)
+      handle_signals=False, preprocess_options=preprocess_options,
+      dataset=dataset)
 
 
 def _nan_from_step(step):
@@ -106,6 +108,24 @@ def test_finish_resume_nothing_to_do_and_num_steps_more(tmp_path):
 
   more = _train(tmp_path, steps=100, num_steps_more=2)
   assert (more.stop_reason, more.global_step) == ('num_steps_more', 5)
+  assert tt.latest_step(tmp_path) == 5
+
+  # Another optimizer's slots are not in the checkpoint: before, a
+  # TensorFlow traceback of 250 lines (exit 1). The run config is left as it
+  # was (the run wrote its options there, and the next run was checked
+  # against them).
+  adam = _train(tmp_path, options=config.TrainOptions(
+      train_batch_size=2, fine_tune_batch_norm=False, optimizer='adam',
+      training_number_of_steps=100).validate(),
+      preprocess_options=config.PreprocessOptions(), dataset={'name': 's'})
+  assert not (tmp_path / config.RUN_CONFIG_FILENAME).exists()
+  assert (adam.status, adam.exit_code) == ('bad_input', 2)
+  assert adam.message.startswith(
+      'the last checkpoint in %s lacks ' % tmp_path)
+  assert adam.message.endswith(
+      "/Adam, a variable of this run's graph: it was trained with other "
+      'options (e.g. another optimizer); train on with those, or start a '
+      'new train_logdir')
   assert tt.latest_step(tmp_path) == 5
 
 

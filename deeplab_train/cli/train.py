@@ -285,6 +285,8 @@ def options_from_flags():
       num_classes_from=common_flags.classes_source(FLAGS.dataset_dir))
   preprocess = train_flags.preprocess_options(crop, saved_pre)
   train = train_flags.train_options(dataset_info=info)
+  if saved is not None:
+    config.check_resumable(FLAGS.train_logdir, train)
   runs = run_options()
   towers_on_cpu = any(towers_lib.runs_on_cpu(device) for device in
                       towers_lib.tower_devices(train.num_clones,

@@ -22,6 +22,7 @@ from deeplab_train.config.inference import InferenceOptions
 from deeplab_train.config.inference import TFLITE_QUANTIZE_MODES
 from deeplab_train.config.inference import VisOptions
 from deeplab_train.config.model import ModelOptions
+from deeplab_train.config.run_config import check_resumable
 from deeplab_train.config.run_config import load_run_config
 from deeplab_train.config.run_config import RUN_CONFIG_FILENAME
 from deeplab_train.config.run_config import save_run_config

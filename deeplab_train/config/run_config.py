@@ -63,3 +63,25 @@ def load_run_config(logdir_or_file):
             payload['dataset'])
   except (ValueError, KeyError, TypeError) as e:
     raise ConfigError(_INVALID, path, e) from None
+
+
+def check_resumable(logdir, train_options):
+  """Raises ConfigError when the checkpoints in `logdir` cannot be resumed
+  with `train_options`: another optimizer's slot variables are in them
+  (restoring failed with a TensorFlow traceback).
+
+  Args:
+    logdir: a training directory holding checkpoints.
+    train_options: the TrainOptions of the run about to resume it.
+  """
+  path = os.path.join(logdir, RUN_CONFIG_FILENAME)
+  payload = read_json_file(path, _INVALID)
+  saved = payload.get('train_options') if isinstance(payload, dict) else None
+  optimizer = saved.get('optimizer') if isinstance(saved, dict) else None
+  if optimizer is not None and optimizer != train_options.optimizer:
+    raise ConfigError(
+        '{TrainOptions.optimizer}=%s, but the checkpoints in %s were trained '
+        'with %s, whose slot variables they hold (%s): pass '
+        '{TrainOptions.optimizer}=%s to train on, or start a new '
+        '{RunOptions.train_logdir}', train_options.optimizer, logdir,
+        optimizer, path, optimizer)

@@ -22,6 +22,7 @@ import dataclasses
 import enum
 import functools
 import os
+import re
 import time
 from typing import Any, List, Optional
 
@@ -269,11 +270,6 @@ class TrainingRun:
     if self.stop.reason:
       return self._stopped_before_training(start_step, latest)
     g = self._training_graph(init)
-    if (self.role.decides_weights and spec.preprocess_options is not None
-        and spec.dataset is not None):
-      config.save_run_config(spec.run_options.train_logdir,
-                             spec.model_options, spec.preprocess_options,
-                             spec.dataset, spec.train_options)
     logging.info('Training %s from step %d to %d: batch %d on %d tower(s), '
                  'crop %s, output stride %d', spec.model_options.model_variant,
                  start_step, last_step, spec.train_options.train_batch_size,
@@ -476,6 +472,7 @@ class TrainingRun:
       with g.graph.as_default():
         with cluster_session.noticing_waits(self.cluster) as created:
           session = self._open_session(g, [created] + hooks.all)
+        self._save_run_config()
         with session as sess:
           while not sess.should_stop():
             sess.run(g.train_op)
@@ -491,6 +488,22 @@ class TrainingRun:
                           loss=hooks.progress.loss,
                           checkpoint=tf.train.latest_checkpoint(logdir),
                           message=str(e))
+    except tf.errors.NotFoundError as e:
+      missing = _NOT_IN_CHECKPOINT.search(e.message or '')
+      if missing is None:
+        raise
+      # Restoring the logdir's checkpoint: made by other options (those
+      # deeplab_config.json records are checked before, see
+      # config.check_resumable; an older logdir may not record them).
+      detail = errors.Message(
+          'the last checkpoint in %s lacks %s, a variable of this run\'s '
+          'graph: it was trained with other options (e.g. another '
+          '{TrainOptions.optimizer}); train on with those, or start a new '
+          '{RunOptions.train_logdir}', logdir, missing.group(1))
+      logging.error('%s', detail)
+      return self._result('bad_input', 'bad_input',
+                          checkpoint=tf.train.latest_checkpoint(logdir),
+                          detail=detail)
     except hooks_lib.NonFiniteLossError as e:
       logging.error('%s', e)
       return self._result('non_finite_loss', 'non_finite_loss',
@@ -515,6 +528,20 @@ class TrainingRun:
       if hooks.events is not None:
         hooks.events.close()
     return self._end(hooks, last_step, target, start_step)
+
+  def _save_run_config(self):
+    """Writes deeplab_config.json (for eval, vis, export and the next run)
+    once the session exists: the logdir's checkpoint, if any, was restored
+    into this run's graph. A run that failed before (e.g. another
+    optimizer, whose slots the checkpoint lacks) leaves it as it was;
+    rewritten, it made the next run be checked against the failed run's
+    options."""
+    spec = self.spec
+    if (self.role.decides_weights and spec.preprocess_options is not None
+        and spec.dataset is not None):
+      config.save_run_config(spec.run_options.train_logdir,
+                             spec.model_options, spec.preprocess_options,
+                             spec.dataset, spec.train_options)
 
   def _end(self, hooks, last_step, target, start_step):
     """The result of a session loop that ended without an error."""
@@ -560,6 +587,10 @@ class TrainingRun:
                         loss=progress.loss,
                         message='the chief ended the run; this worker '
                         'stopped at step %s' % step)
+
+
+# TensorFlow's words for a variable that a restored checkpoint lacks.
+_NOT_IN_CHECKPOINT = re.compile(r'Key (\S+) not found in checkpoint')
 
 
 def _check_cluster_run(run_options):
