@@ -8,6 +8,8 @@ import tensorflow.compat.v1 as tf
 from deeplab_train import config
 from deeplab_train.train import learning_rate
 
+import train_testing as tt
+
 STEPS = [0, 1, 49, 50, 51, 99, 100, 250, 599, 999, 1000, 1500]
 
 
@@ -86,6 +88,21 @@ def test_adam_uses_its_own_constant_rate():
   assert optimizer._lr == 0.003 and optimizer._epsilon == 1e-6  # pylint: disable=protected-access
   with pytest.raises(config.ConfigError, match='optimizer'):
     config.TrainOptions(optimizer='sgd').validate()
+  # The rate the log and the summaries show is Adam's (it was the schedule's,
+  # which sets no rate for Adam), and flags of the schedule are named.
+  scheduled = options.replace(base_learning_rate=0.5, learning_policy='step')
+  np.testing.assert_allclose(_rates(scheduled), 0.003, rtol=1e-6)
+  warnings = config.check_training_setup(
+      tt.tiny_model_options(), scheduled.replace(
+          fine_tune_batch_norm=False))
+  assert warnings == [
+      '{TrainOptions.optimizer}=adam trains at the constant '
+      '{TrainOptions.adam_learning_rate}=0.003, as in the original: '
+      '{TrainOptions.base_learning_rate}, {TrainOptions.learning_policy} set '
+      'no rate for it']
+  assert not config.check_training_setup(
+      tt.tiny_model_options(), options.replace(
+          fine_tune_batch_norm=False))
 
 
 def test_slow_start_over_the_whole_run_warns_and_keeps_the_slow_rate(caplog):

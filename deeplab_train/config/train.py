@@ -228,7 +228,25 @@ def check_training_setup(model_options, train_options, towers_on_cpu=False):
     warnings.append(XLA_ON_CPU)
   if train_options.mixed_precision == 'fp16' and towers_on_cpu:
     warnings.append(FP16_ON_CPU)
+  if train_options.optimizer == 'adam':
+    defaults = TrainOptions()
+    unused = [name for name in _SCHEDULE_FIELDS
+              if getattr(train_options, name) != getattr(defaults, name)]
+    if unused:
+      warnings.append(
+          '{TrainOptions.optimizer}=adam trains at the constant '
+          '{TrainOptions.adam_learning_rate}=%g, as in the original: %s '
+          'set no rate for it' % (train_options.adam_learning_rate, ', '.join(
+              '{TrainOptions.%s}' % name for name in unused)))
   return warnings
+
+
+# What sets the rate of the momentum optimizer only (Adam's is constant).
+_SCHEDULE_FIELDS = ('base_learning_rate', 'learning_policy',
+                    'learning_rate_decay_factor', 'learning_rate_decay_step',
+                    'learning_power', 'slow_start_step',
+                    'slow_start_learning_rate', 'decay_steps',
+                    'end_learning_rate', 'momentum')
 
 
 # TensorFlow's float16 rewrite (grappler's auto_mixed_precision) changes

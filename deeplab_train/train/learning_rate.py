@@ -12,7 +12,9 @@ All schedules count from the end of the slow start: with
 
 and before `slow_start_step` the rate is `slow_start_learning_rate`. Because
 the rate is a function of the global step only, a resumed run continues the
-same schedule.
+same schedule. With optimizer='adam' the rate is the constant
+`adam_learning_rate`, as the original's Adam trains: that is the rate the
+log and the summaries show.
 """
 import logging
 import math
@@ -25,7 +27,8 @@ def learning_rate(global_step, options):
 
   Args:
     global_step: int64 scalar tensor.
-    options: TrainOptions (learning_policy, base_learning_rate,
+    options: TrainOptions (optimizer, adam_learning_rate, learning_policy,
+      base_learning_rate,
       learning_rate_decay_factor, learning_rate_decay_step, learning_power,
       training_number_of_steps, slow_start_step, slow_start_learning_rate,
       decay_steps, end_learning_rate).
@@ -37,6 +40,9 @@ def learning_rate(global_step, options):
     ValueError: unknown learning policy.
   """
   with tf.name_scope('learning_rate'):
+    if options.optimizer == 'adam':
+      return tf.constant(options.adam_learning_rate, tf.float32,
+                         name='value')
     step = tf.cast(global_step, tf.float32)
     s = tf.maximum(step - options.slow_start_step, 0.0)
     if options.slow_start_step >= options.training_number_of_steps:
