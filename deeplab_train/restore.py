@@ -27,6 +27,7 @@ import contextlib
 import glob
 import logging
 import os
+import re
 import shutil
 
 from deeplab_train import atomic
@@ -157,6 +158,22 @@ def remove_dead_pins(directory):
     logging.info('removed the checkpoint pins that killed readers left in '
                  '%s: %s', directory, ', '.join(removed))
   return removed
+
+
+# What each file of a checkpoint adds to its prefix.
+_FILE_SUFFIX = re.compile(r'\.(index|meta|data-\d+-of-\d+)$')
+
+
+def prefix_of(path):
+  """The checkpoint prefix when `path` names one of its files
+  (model.ckpt-30000.index, .meta or .data-00000-of-00001, as a file listing
+  shows them), else `path`. Given a file, the commands found a file there
+  and read it as a checkpoint: none of the model's variables, or
+  TensorFlow's 'not an sstable (bad magic number)'."""
+  prefix = _FILE_SUFFIX.sub('', path)
+  if prefix != path and os.path.isfile(prefix + '.index'):
+    return prefix
+  return path
 
 
 def read_path(prefix):

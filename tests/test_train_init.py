@@ -1,5 +1,6 @@
 """Initialisation from a checkpoint: a 21-class checkpoint into a 5-class
 model, with and without the last layers; shape mismatches; bad paths."""
+import glob
 import os
 
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
+from deeplab_train.evaluation import predictor as predictor_lib
 from deeplab_train.model import deeplab
 from deeplab_train.model import layers
 from deeplab_train.train import checkpoint_init
@@ -213,6 +215,14 @@ def test_resolve_checkpoint_prefix_directory_and_missing(tmp_path,
   prefix, _ = checkpoint_21
   assert checkpoint_init.resolve_checkpoint(prefix) == prefix
   assert checkpoint_init.resolve_checkpoint(os.path.dirname(prefix)) == prefix
+  # One of its files, copied from a listing: it was read as a checkpoint
+  # (none of the model's variables, or 'not an sstable').
+  files = glob.glob(prefix + '.*')
+  assert {f[len(prefix):] for f in files} >= {
+      '.index', '.data-00000-of-00001'}
+  for path in files:
+    assert checkpoint_init.resolve_checkpoint(path) == prefix
+    assert predictor_lib.resolve_checkpoint(path) == prefix
   with pytest.raises(config.ConfigError, match='no checkpoint there'):
     checkpoint_init.resolve_checkpoint(str(tmp_path / 'nope.ckpt'))
   with pytest.raises(config.ConfigError,

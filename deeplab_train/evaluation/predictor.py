@@ -94,6 +94,7 @@ def resolve_checkpoint(path):
     raise NoCheckpointError('no checkpoint given: pass '
                             '{resolve_checkpoint.checkpoint_dir} (a '
                             'train_logdir) or a checkpoint prefix')
+  path = restore_lib.prefix_of(path)
   if os.path.isdir(path):
     latest = tf.train.latest_checkpoint(path)
     if latest is None:

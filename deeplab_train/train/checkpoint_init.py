@@ -38,7 +38,8 @@ def resolve_checkpoint(path):
   """The initial checkpoint's prefix from a prefix or a directory.
 
   Args:
-    path: 'dir/model.ckpt-1000' or a directory (its latest checkpoint).
+    path: 'dir/model.ckpt-1000', one of its files, or a directory (its
+      latest checkpoint).
 
   Returns:
     The checkpoint prefix.
@@ -46,6 +47,7 @@ def resolve_checkpoint(path):
   Raises:
     ConfigError: nothing readable there.
   """
+  path = restore_lib.prefix_of(path)
   if os.path.isdir(path):
     prefix = tf.train.latest_checkpoint(path)
     if prefix is None:
