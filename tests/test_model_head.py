@@ -187,10 +187,18 @@ def test_no_aspp_uses_atrous_logits_branches():
 
 
 def test_logits_kernel_size_must_be_1_with_aspp():
+  """Refused by the options' check, before any graph (it was refused while
+  the graph was built, its message naming two of the three flags)."""
   options = small_options(logits_kernel_size=3)
+  message = ('^logits_kernel_size=3 needs atrous_rates and '
+             r'aspp_with_batch_norm=false \(as in the original')
+  with pytest.raises(ConfigError, match=message):
+    options.validate()
   with tf.Graph().as_default():
-    with pytest.raises(ConfigError, match='^logits_kernel_size must be 1'):
+    with pytest.raises(ConfigError, match=message):
       mt.build_logits(options)
+  small_options(atrous_rates=(2, 4), aspp_with_batch_norm=False,
+                logits_kernel_size=3).validate()
 
 
 def test_image_pooling_crop_size_and_stride():

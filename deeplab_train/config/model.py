@@ -19,6 +19,14 @@ CELL_OPERATION_KEYS = {'conv': ('op', 'input', 'kernel', 'rate'),
 CELL_RATES_OUTPUT_STRIDE = 16
 
 
+# The original's rule for logits kernels larger than 1: only its logits of
+# one branch per atrous rate, built without the ASPP's batch norm.
+LOGITS_KERNEL_RULE = (
+    '{ModelOptions.logits_kernel_size}=%d needs {ModelOptions.atrous_rates} '
+    'and {ModelOptions.aspp_with_batch_norm}=false (as in the original: the '
+    'logits are then one branch per rate); otherwise it must be 1')
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelOptions(JsonMixin):
   """What defines the network (and so the checkpoint's variables).
@@ -147,6 +155,9 @@ class ModelOptions(JsonMixin):
           '{ModelOptions.depth_multiplier} must be > 0')
     check(self.logits_kernel_size >= 1,
           '{ModelOptions.logits_kernel_size} must be >= 1')
+    check(self.logits_kernel_size == 1 or (
+        self.atrous_rates and not self.aspp_with_batch_norm),
+          LOGITS_KERNEL_RULE % self.logits_kernel_size)
     self._validate_mobilenet_v3_head()
     if self.dense_prediction_cell_config is not None:
       self._validate_cell()

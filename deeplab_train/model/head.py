@@ -23,6 +23,7 @@ assembles the scales.
 import tensorflow.compat.v1 as tf
 
 from deeplab_train.config import ConfigError
+from deeplab_train.config import model as model_config
 from deeplab_train.model import layers
 from deeplab_train.model import registry
 
@@ -340,9 +341,7 @@ def get_branch_logits(features, num_classes, options, weight_decay=None,
   kernel_size = options.logits_kernel_size
   if options.aspp_with_batch_norm or rates is None:
     if kernel_size != 1:
-      raise ConfigError(
-          '{ModelOptions.logits_kernel_size} must be 1 when atrous_rates is '
-          'empty or aspp_with_batch_norm is on; got %d', kernel_size)
+      raise ConfigError(model_config.LOGITS_KERNEL_RULE, kernel_size)
     rates = (1,)
   if weight_decay is None:
     weight_decay = registry.get(options.model_variant).default_weight_decay
