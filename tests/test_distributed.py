@@ -431,7 +431,8 @@ def test_a_worker_with_options_other_than_the_chiefs_refuses_to_train(
   """In-process ps, chief and worker servers. Before, a worker with another
   model variant waited for ever for variables the chief never made, and one
   with another depth multiplier failed in its first step with a shape
-  error; one with another batch size trained."""
+  error; one with another batch size trained. The options a stopped chief
+  left on the ps must neither refuse a worker nor let one in."""
   from deeplab_train.cli import app  # pylint: disable=g-import-not-at-top
   hosts = ['127.0.0.1:%d' % port for port in free_ports(3)]
   tasks = [cluster_spec.resolve(_options(ps_hosts=hosts[:1],
@@ -439,27 +440,38 @@ def test_a_worker_with_options_other_than_the_chiefs_refuses_to_train(
            for kw in ({'job_name': 'ps'}, {'task': 0}, {'task': 1})]
   servers = [cluster_lib.start_server(task) for task in tasks]
   _, chief, worker = tasks
+  stale = 0.6
 
-  def create(task, graph, scaffold, options, grace=0.3):
+  def create(task, graph, scaffold, options):
     creator = cluster_session.session_creator(
         task, scaffold, servers[tasks.index(task)].target,
         cluster_session.session_config(task), str(tmp_path), options,
         max_wait_secs=timeouts.HANG_SECONDS, recovery_wait_secs=0.05,
-        mismatch_grace_secs=grace)
+        heartbeat_secs=0.1, stale_secs=stale)
     with graph.as_default():
       return creator.create_session()
 
+  def start_worker(**train):
+    """Creates a worker's session in a thread: {'session' or 'error'}."""
+    graph, scaffold, options = _options_graph(worker, ['w'], **train)
+    out = {'graph': graph}
+
+    def run():
+      try:
+        out['session'] = create(worker, graph, scaffold, options)
+      except config.ConfigError as e:
+        out['error'] = e
+    out['thread'] = threading.Thread(target=run, daemon=True)
+    out['thread'].start()
+    return out
+
   # A worker that starts first waits for the chief to publish its options.
-  waited = {}
-  graph, scaffold, options = _options_graph(worker, ['w'])
-  early = threading.Thread(target=lambda: waited.update(
-      session=create(worker, graph, scaffold, options)))
-  early.start()
+  early = start_worker()
   time.sleep(0.5)
-  assert 'session' not in waited
-  create(chief, *_options_graph(chief, ['w']))
-  early.join(timeout=timeouts.HANG_SECONDS)
-  assert waited['session'].run(_first_variable(graph)) == 1.0
+  assert 'session' not in early
+  chief_session = create(chief, *_options_graph(chief, ['w']))
+  early['thread'].join(timeout=timeouts.HANG_SECONDS)
+  assert early['session'].run(_first_variable(early['graph'])) == 1.0
 
   # Per-machine settings may differ.
   graph, scaffold, options = _options_graph(
@@ -471,14 +483,12 @@ def test_a_worker_with_options_other_than_the_chiefs_refuses_to_train(
   start = time.time()
   with pytest.raises(config.ConfigError) as error:
     create(worker, *_options_graph(worker, ['w'], train_batch_size=4))
-  assert time.time() - start >= 0.3  # the grace for a restarting chief
+  assert time.time() - start >= stale  # what a chief stopped cannot beat
   assert app.user_message(error.value) == (
-      "worker task 1 was started with options that differ from the chief's: "
-      '--train_batch_size=4 here, 2 on the chief: start every worker with '
-      'the flags of the chief (only --num_clones, --mixed_precision and the '
-      'other per-machine settings may differ). If the ps tasks still held '
-      'the options of an earlier run, start this worker again once the '
-      'chief of this run trains')
+      'worker task 1 was started with options that differ from those of the '
+      "chief, which trains: --train_batch_size=4 here, 2 on the chief: start "
+      'every worker with the flags of the chief (only --num_clones, '
+      '--mixed_precision and the other per-machine settings may differ)')
 
   # Another model: variables the chief never made.
   other = config.ModelOptions(
@@ -489,6 +499,35 @@ def test_a_worker_with_options_other_than_the_chiefs_refuses_to_train(
   assert ('--depth_multiplier=0.5 here, 0.25 on the chief; '
           '--model_variant=xception_65 here, mobilenet_v2 on the chief: '
           in app.user_message(error.value))
+  # A value given that the chief left to its default is no difference; the
+  # cluster's shape is one (a worker listing fewer ps tasks waited for
+  # variables placed on the others).
+  model = tt.tiny_model_options()
+  assert cluster_session.run_options_text(
+      model, config.TrainOptions(weight_decay=4e-5), worker
+  ) == cluster_session.run_options_text(model, config.TrainOptions(), worker)
+  one_ps = cluster_spec.resolve(_options(task=1))
+  two_ps = cluster_spec.resolve(_options(task=1, ps_hosts=PS + ('h:1',)))
+  assert json.loads(cluster_session.run_options_text(
+      model, config.TrainOptions(), one_ps))['ClusterOptions.num_ps_tasks'] == 1
+  assert json.loads(cluster_session.run_options_text(
+      model, config.TrainOptions(), two_ps))['ClusterOptions.num_ps_tasks'] == 2
+
+  # The chief stops; the ps keeps its options. A worker of the next run,
+  # with other options, waits for that run's chief (it was refused), and a
+  # worker with the stopped chief's options waits too (it trained on).
+  chief_session.close()
+  time.sleep(2 * stale)
+  next_run = start_worker(train_batch_size=4)
+  old_run = start_worker()
+  time.sleep(4 * stale)
+  for waiting in (next_run, old_run):
+    assert 'error' not in waiting and 'session' not in waiting
+  create(chief, *_options_graph(chief, ['w'], train_batch_size=4))
+  next_run['thread'].join(timeout=timeouts.HANG_SECONDS)
+  assert next_run['session'].run(_first_variable(next_run['graph'])) == 1.0
+  old_run['thread'].join(timeout=timeouts.HANG_SECONDS)
+  assert 'train_batch_size=2 here, 4 on the chief' in str(old_run['error'])
 
 
 def test_join_hook_stops_a_worker_joining_a_finished_run():

@@ -2,12 +2,13 @@
 
 The chief's session restores the last checkpoint of the logdir (or
 initialises the variables and runs the init-fn), then publishes the chief's
-options on ps task 0. Another worker's session waits until the chief has
-made the model ready and checks its own options against the chief's: a
-worker started with other model or training flags refuses to train (exit
-2) instead of waiting for ever for variables the chief never made or
-failing at its first step. Until its session exists, a task logs every 30
-s which tasks it waits for.
+options on ps task 0 and beats there every few seconds. Another worker's
+session waits until a beating chief has made the model ready and checks its
+own options against the chief's: a worker started with other model or
+training flags refuses to train (exit 2) instead of waiting for ever for
+variables the chief never made or failing at its first step; the options a
+stopped chief left on the ps neither refuse a worker nor let one in. Until
+its session exists, a task logs every 30 s what it waits for.
 """
 import contextlib
 import json
@@ -19,6 +20,7 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train.config import ConfigError
 from deeplab_train.config import errors
+from deeplab_train.model import registry
 
 # Seconds between two checks of a waiting non-chief worker (TensorFlow's
 # default is 30, which makes every join slow).
@@ -50,24 +52,33 @@ PER_MACHINE_FIELDS = ('num_clones', 'clone_on_cpu', 'mixed_precision',
                       'tf_initial_checkpoint', 'initialize_last_layer',
                       'allow_partial_initial_checkpoint',
                       'save_summaries_images')
-# Seconds a worker waits while the chief's options differ from its own
-# before it refuses to train: ps tasks kept from an earlier run still hold
-# that run's options until its restarted chief publishes its own.
-MISMATCH_GRACE_SECS = 30
+# Seconds between two heartbeats of the chief, written beside its options.
+HEARTBEAT_SECS = 5
+# A heartbeat older than this is a chief that stopped: its options are
+# stale (ps tasks keep them after their chief ended). A worker refuses
+# options that differ from its own once a live chief has held them this
+# long (a chief stopped since cannot go on beating that long).
+STALE_SECS = 3 * HEARTBEAT_SECS
 # Differing options a refusal lists.
-_MISMATCHES_SHOWN = 6
+_MISMATCHES_SHOWN = 12
 
 
 def run_options_text(model_options, train_options, cluster):
   """The options every worker of a run must share, as JSON text keyed by
-  'Owner.field' (the chief publishes it, see `ChiefOptions`)."""
-  shared = {'ClusterOptions.sync_replicas': cluster.sync_replicas}
+  'Owner.field' (the chief publishes it, see `ChiefOptions`); values that
+  None leaves to a default are resolved."""
+  shared = {'ClusterOptions.sync_replicas': cluster.sync_replicas,
+            'ClusterOptions.num_ps_tasks': cluster.num_ps,
+            'ClusterOptions.num_replicas': cluster.num_workers}
   for owner, options, skipped in (('ModelOptions', model_options, ()),
                                   ('TrainOptions', train_options,
                                    PER_MACHINE_FIELDS)):
     for name, value in options.to_dict().items():
       if name not in skipped:
         shared['%s.%s' % (owner, name)] = value
+  if train_options.weight_decay is None:
+    shared['TrainOptions.weight_decay'] = registry.get(
+        model_options.model_variant).default_weight_decay
   return json.dumps(shared, sort_keys=True)
 
 
@@ -80,14 +91,18 @@ def _shown(value):
 
 
 class ChiefOptions:
-  """The chief's options in a string variable on ps task 0.
+  """The chief's options and its heartbeat in variables on ps task 0.
 
   Outside every collection: no checkpoint, saver or readiness check sees
-  it. The chief sets it once its session exists (`publish_op`); another
-  worker reads it while it waits for the model and before its first step,
-  and refuses to train with options that differ (a worker with another
-  model variant waited for ever for variables the chief never made, and
-  one with another depth multiplier failed in its first step).
+  them. The chief sets both once its session exists (`publish_op`), then
+  beats every HEARTBEAT_SECS (`beat_op`, the ps task's clock). Another
+  worker reads them while it waits for the model: it trains only with
+  options equal to its own, published by a chief that beats, and refuses
+  options that differ once a live chief held them for STALE_SECS. (A worker
+  with another model variant waited for ever for variables the chief never
+  made, one with another depth multiplier failed in its first step; the
+  options of a chief that stopped, kept by the ps tasks, were neither to
+  refuse a worker nor to let one in.)
 
   Args:
     text: this task's `run_options_text`.
@@ -96,17 +111,23 @@ class ChiefOptions:
   def __init__(self, text):
     self.text = text
     with tf.device('/job:ps/task:0'):
-      variable = tf.Variable(text, trainable=False, collections=[],
-                             name='deeplab_train_chief_options')
-      self.publish_op = variable.initializer
-      self._published = variable.is_initialized()
-      self._value = variable.read_value()
+      options = tf.Variable(text, trainable=False, collections=[],
+                            name='deeplab_train_chief_options')
+      beat = tf.Variable(tf.timestamp(), trainable=False, collections=[],
+                         name='deeplab_train_chief_heartbeat')
+      self.publish_op = tf.group(options.initializer, beat.initializer)
+      self.beat_op = beat.assign(tf.timestamp()).op
+      self._published = tf.logical_and(options.is_initialized(),
+                                       beat.is_initialized())
+      self._read = (options.read_value(), tf.timestamp() - beat.read_value())
 
-  def chief_text(self, session):
-    """The chief's options text, or None before the chief published it."""
+  def chief(self, session):
+    """(the chief's options text, seconds since its last heartbeat), or
+    (None, None) before a chief published them."""
     if not session.run(self._published):
-      return None
-    return session.run(self._value).decode()
+      return None, None
+    text, age = session.run(self._read)
+    return text.decode(), float(age)
 
   def differences(self, chief_text):
     """[('Owner.field', this task's value, the chief's)] that differ."""
@@ -119,13 +140,11 @@ class ChiefOptions:
     """The ConfigError of a worker whose options differ from the chief's."""
     template, values = _listed(differences)
     return ConfigError(
-        'worker task %d was started with options that differ from the '
-        "chief's: " + template + ': start every worker with the flags of '
-        'the chief (only {TrainOptions.num_clones}, '
+        'worker task %d was started with options that differ from those of '
+        "the chief, which trains: " + template + ': start every worker with '
+        'the flags of the chief (only {TrainOptions.num_clones}, '
         '{TrainOptions.mixed_precision} and the other per-machine settings '
-        'may differ). If the ps tasks still held the options of an earlier '
-        'run, start this worker again once the chief of this run trains',
-        task, *values)
+        'may differ)', task, *values)
 
 
 def _listed(differences):
@@ -143,27 +162,40 @@ def _listed(differences):
 
 class _ChiefSessionCreator(tf.train.ChiefSessionCreator):
   """The chief's session (restored, initialised or init-fn'd as
-  ChiefSessionCreator does), its options then published on the ps."""
+  ChiefSessionCreator does), its options then published on the ps, and its
+  heartbeat written every `heartbeat_secs` by a thread until the session
+  is closed."""
 
-  def __init__(self, options, **kwargs):
+  def __init__(self, options, heartbeat_secs, **kwargs):
     super().__init__(**kwargs)
     self._options = options
+    self._heartbeat_secs = heartbeat_secs
 
   def create_session(self):
     session = super().create_session()
     session.run(self._options.publish_op)
+    threading.Thread(target=self._beat, args=(session,), daemon=True,
+                     name='chief-heartbeat').start()
     return session
+
+  def _beat(self, session):
+    while True:
+      time.sleep(self._heartbeat_secs)
+      try:
+        session.run(self._options.beat_op)
+      except Exception:  # pylint: disable=broad-except
+        return  # the session was closed (or the ps is gone): the run ended
 
 
 class _WorkerSessionCreator(tf.train.SessionCreator):
   """A non-chief worker's session: waits until the chief made the model
-  ready and published options equal to this worker's, checking every
-  `recovery_wait_secs` (SessionManager.wait_for_session's checks, without
-  its log line of every missing variable at each check)."""
+  ready and, beating, published options equal to this worker's, checking
+  every `recovery_wait_secs` in one session (SessionManager's
+  wait_for_session opened a session at each check, and logged every missing
+  variable each time)."""
 
   def __init__(self, scaffold, master, config, options, task,
-               max_wait_secs, recovery_wait_secs,
-               mismatch_grace_secs=MISMATCH_GRACE_SECS):
+               max_wait_secs, recovery_wait_secs, stale_secs=STALE_SECS):
     self._scaffold = scaffold
     self._master = master
     self._config = config
@@ -171,52 +203,77 @@ class _WorkerSessionCreator(tf.train.SessionCreator):
     self._task = task
     self._max_wait_secs = max_wait_secs
     self._recovery_wait_secs = recovery_wait_secs
-    self._grace_secs = mismatch_grace_secs
+    self._stale_secs = stale_secs
 
-  def _model_ready(self, session):
-    """Runs the local init once the shared variables are ready; true when
-    the model is ready."""
+  def _not_ready(self, session):
+    """The variables not ready yet; runs the local init once the shared
+    variables are."""
     scaffold = self._scaffold
-    if len(session.run(scaffold.ready_for_local_init_op)):  # pylint: disable=g-explicit-length-test
-      return False
+    missing = session.run(scaffold.ready_for_local_init_op)
+    if len(missing):  # pylint: disable=g-explicit-length-test
+      return missing
     session.run(scaffold.local_init_op,
                 feed_dict=scaffold.local_init_feed_dict)
-    return not len(session.run(scaffold.ready_op))  # pylint: disable=g-explicit-length-test
+    return session.run(scaffold.ready_op)
 
   def create_session(self):
     self._scaffold.finalize()
-    graph = tf.get_default_graph()
     logging.info('Waiting for the chief to initialise the model')
-    start = time.time()
+    session = tf.Session(self._master, graph=tf.get_default_graph(),
+                         config=self._config)
+    try:
+      self._wait(session)
+    except BaseException:
+      session.close()
+      raise
+    return session
+
+  def _wait(self, session):
+    start = noticed = time.time()
     differing_since = None
     while True:
-      session = tf.Session(self._master, graph=graph, config=self._config)
-      try:
-        chief = self._options.chief_text(session)
-        differences = self._options.differences(chief) if chief else []
-        if not differences and chief and self._model_ready(session):
-          return session
-      except BaseException:
-        session.close()
-        raise
-      session.close()
+      text, age = self._options.chief(session)
+      live = age is not None and age < self._stale_secs
+      differences = self._options.differences(text) if text else []
+      missing = ()
+      if live and not differences:
+        missing = self._not_ready(session)
+        if not len(missing):  # pylint: disable=g-explicit-length-test
+          return
       now = time.time()
-      if not differences:
+      if not (live and differences):
         differing_since = None
       elif differing_since is None:
         differing_since = now
         template, values = _listed(differences)
         logging.warning("The chief's options differ from this worker's (%s): "
-                        'refusing to train in %d s unless they agree by then',
+                        'refusing to train in %g s if it still holds them',
                         errors.render(template) % tuple(values),
-                        self._grace_secs)
-      elif now - differing_since >= self._grace_secs:
+                        self._stale_secs)
+      elif now - differing_since >= self._stale_secs:
         raise self._options.mismatch_error(differences, self._task)
+      if now - noticed >= WAIT_NOTICE_SECS:
+        noticed = now
+        logging.info('Still waiting: %s', _waiting_for(text, age, live,
+                                                       missing))
       if now - start > self._max_wait_secs:
         raise tf.errors.DeadlineExceededError(
             None, None, 'the model was not ready after %d s'
             % self._max_wait_secs)
       time.sleep(self._recovery_wait_secs)
+
+
+def _waiting_for(text, age, live, missing):
+  """What a waiting worker waits for, in words."""
+  if text is None:
+    return 'no chief has published its options on the ps yet'
+  if not live:
+    return ('the options on the ps are those of a chief that stopped %.0f s '
+            'ago; waiting for the chief of this run' % age)
+  if len(missing):  # pylint: disable=g-explicit-length-test
+    return ('the chief has not initialised %d variable(s) on the ps (e.g. %s)'
+            % (len(missing), ', '.join(n.decode() for n in missing[:3])))
+  return "the chief's options differ from this worker's"
 
 
 # Seconds between two notices of a task still waiting for its session.
@@ -264,7 +321,7 @@ def noticing_waits(cluster, every=WAIT_NOTICE_SECS):
 def session_creator(cluster, scaffold, master, config, checkpoint_dir,
                     options, max_wait_secs=7200,
                     recovery_wait_secs=RECOVERY_WAIT_SECS,
-                    mismatch_grace_secs=MISMATCH_GRACE_SECS):
+                    heartbeat_secs=HEARTBEAT_SECS, stale_secs=STALE_SECS):
   """The session creator of a worker (use in tf.train.MonitoredSession).
 
   The chief restores the last checkpoint of `checkpoint_dir` (or initialises
@@ -280,13 +337,15 @@ def session_creator(cluster, scaffold, master, config, checkpoint_dir,
     options: the ChiefOptions of this task, in the training graph.
     max_wait_secs: how long a non-chief waits for the chief.
     recovery_wait_secs: seconds between its checks.
-    mismatch_grace_secs: how long a non-chief waits while the chief's
-      options differ from its own before it raises ConfigError.
+    heartbeat_secs: seconds between two heartbeats of the chief.
+    stale_secs: a heartbeat older than this is a chief that stopped; a
+      non-chief raises ConfigError once a live chief held options that
+      differ from its own this long.
   """
   if cluster.is_chief:
     return _ChiefSessionCreator(
-        options, scaffold=scaffold, master=master, config=config,
-        checkpoint_dir=checkpoint_dir)
+        options, heartbeat_secs, scaffold=scaffold, master=master,
+        config=config, checkpoint_dir=checkpoint_dir)
   return _WorkerSessionCreator(scaffold, master, config, options,
                                cluster.task, max_wait_secs,
-                               recovery_wait_secs, mismatch_grace_secs)
+                               recovery_wait_secs, stale_secs)
