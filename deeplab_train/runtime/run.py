@@ -472,8 +472,8 @@ class TrainingRun:
       with g.graph.as_default():
         with cluster_session.noticing_waits(self.cluster) as created:
           session = self._open_session(g, [created] + hooks.all)
-        self._save_run_config()
         with session as sess:
+          self._save_run_config()
           while not sess.should_stop():
             sess.run(g.train_op)
     except hooks_lib.CheckpointNotSavedError as e:
