@@ -5,9 +5,10 @@ label have the same size, and label ids lie in `[0, num_classes)` or equal
 `ignore_label`. Label PNGs in palette ('P') or grey ('L') form are read as
 ids (a palette holding the dataset palette's colours at other indices is
 refused: an editor renumbered it); RGB colour labels are mapped back to ids
-through the colormap, or refused; JPEG labels are refused. Labels are always re-encoded as single-channel PNGs of ids (readers
-decode them with `decode_png(channels=1)`). `encode_pair` also returns the
-decoded ids, for the split's statistics.
+through the colormap, or refused; JPEG labels are refused. Labels are
+always re-encoded as single-channel PNGs of ids (readers decode them with
+`decode_png(channels=1)`). `encode_pair` also returns the decoded ids, for
+the split's statistics.
 """
 import dataclasses
 import io
@@ -74,10 +75,20 @@ def read_image(path):
 _BUFFER_NAME = re.compile(r'\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>')
 
 
+def _packed(rgb):
+  """Colours [..., 3] as one int64 each (0xRRGGBB), to compare or look up."""
+  rgb = np.asarray(rgb, dtype=np.int64)
+  return (rgb[..., 0] << 16) | (rgb[..., 1] << 8) | rgb[..., 2]
+
+
+def _rgb_text(packed):
+  """'(r,g,b)' of a `_packed` colour."""
+  return '(%d,%d,%d)' % (packed >> 16, (packed >> 8) & 255, packed & 255)
+
+
 def _colour_table(palette, num_classes, ignore_label):
   """{packed rgb: id} for the class ids (first wins) plus the ignore id."""
-  cmap = colormap_lib.as_colormap(palette).astype(np.int64)
-  packed = (cmap[:, 0] << 16) | (cmap[:, 1] << 8) | cmap[:, 2]
+  packed = _packed(colormap_lib.as_colormap(palette))
   table = {}
   for i in list(range(num_classes)) + [ignore_label]:
     if i < len(packed):
@@ -101,8 +112,7 @@ def rgb_label_to_ids(rgb, path, options):
   """
   palette = options.palette()
   table = _colour_table(palette, options.num_classes, options.ignore_label)
-  packed = ((rgb[..., 0].astype(np.int64) << 16) |
-            (rgb[..., 1].astype(np.int64) << 8) | rgb[..., 2])
+  packed = _packed(rgb)
   colours, inverse, counts = np.unique(packed, return_inverse=True,
                                        return_counts=True)
   unknown = [(int(c), int(n)) for c, n in zip(colours, counts)
@@ -115,7 +125,7 @@ def rgb_label_to_ids(rgb, path, options):
 
 def _unknown_colours_error(rgb, path, palette, options, unknown):
   """The DataError listing `unknown` [(packed rgb, pixel count)]."""
-  shown = ', '.join('(%d,%d,%d) x%d' % (c >> 16, (c >> 8) & 255, c & 255, n)
+  shown = ', '.join('%s x%d' % (_rgb_text(c), n)
                     for c, n in unknown[:build_options.MAX_LISTED])
   hint = ''
   if np.all(rgb[..., 0] == rgb[..., 1]) and np.all(rgb[..., 1] == rgb[..., 2]):
@@ -187,22 +197,21 @@ def _check_palette_order(indices, palette, path, options):
   its palette, and its indices are no longer the class ids the colours
   show. A palette of its own colours, or one that repeats a used colour,
   says nothing about the ids and is read as it is."""
-  colours = np.asarray(palette, dtype=np.int64).reshape(-1, 3)
+  colours = np.asarray(palette).reshape(-1, 3)
   used = np.unique(indices)
   if used.size == 0 or used.max() >= len(colours):
     return
-  packed = ((colours[used, 0] << 16) | (colours[used, 1] << 8) |
-            colours[used, 2])
+  packed = _packed(colours[used])
   if len(np.unique(packed)) < len(used):
     return
-  table = _colour_table(options.palette(), options.num_classes,
+  palette_name = options.palette()
+  table = _colour_table(palette_name, options.num_classes,
                         options.ignore_label)
   if not all(int(c) in table for c in packed):
     return
   moved = [(int(i), int(c), table[int(c)]) for i, c in zip(used, packed)
            if table[int(c)] != i]
   if moved:
-    palette_name = options.palette()
     raise build_options.DataError(
         '%s: its palette holds the %s palette\'s colours at other indices '
         '(%s), so its indices are not the class ids its colours show: save '
@@ -211,8 +220,8 @@ def _check_palette_order(indices, palette, path, options):
         '{BuildOptions.convert_rgb_labels}=false', path,
         palette_name if isinstance(palette_name, str) else 'given',
         build_options.few(
-            'index %d has the colour (%d,%d,%d) of id %d' % (
-                i, c >> 16, (c >> 8) & 255, c & 255, class_id)
+            'index %d has the colour %s of id %d' % (i, _rgb_text(c),
+                                                     class_id)
             for i, c, class_id in moved))
 
 
