@@ -263,7 +263,10 @@ def test_model_zoo_checkpoint_takes_model_flags(tiny_ckpt, in_graph_41,
           '--crop_size=41,41']
   # Without the flags the default network (depth 1.0) does not match.
   assert et.run_cli(export_cli, args) == 2
-  assert 'does not match the network' in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert 'does not match the network' in err
+  assert ('Without a deeplab_config.json beside the checkpoint, pass the '
+          'model flags it was trained with (--model_variant, ') in err
   # The original export's default output stride (8) is the one trained here.
   assert et.run_cli(export_cli, args + model_flags) == 0
   image = et.tiny_images()[0][1]
@@ -344,8 +347,10 @@ def test_output_stride_and_atrous_rates_may_change_for_inference(
   (and --multi_grid) change no variable: eval, vis and export take them
   over the saved options, saying so. Before, exit 2 ('model flags
   contradict the options saved with the checkpoint'). Flags that change
-  the variables are still refused, and a number of rates the checkpoint
-  has no branches for fails at the restore, naming the variable."""
+  the variables are still refused, and so is a number of rates the
+  checkpoint has no branches for: before any graph, saying what to give
+  (before, the restore failed, saying to write the deeplab_config.json
+  that was there)."""
   logdir = tmp_path / 'train'
   et.write_checkpoint(str(logdir), et.tiny_model_options(
       output_stride=16, atrous_rates=(6, 12, 18)))
@@ -374,8 +379,23 @@ def test_output_stride_and_atrous_rates_may_change_for_inference(
           '0.25)') in err
   code, _, err = export('two.pb', '--atrous_rates=12', '--atrous_rates=24')
   assert code == 2
-  assert 'does not match the network built from the model options' in err
-  assert 'concat_projection/weights' in err
+  assert err.splitlines()[-1] == (
+      'deeplab-export: error: --atrous_rates=12,24 gives 2 rate(s), but the '
+      'network was trained with 3 (6,12,18), an ASPP branch of variables '
+      "each: give 3 rates (the original's recipe: 12, 24, 36 at "
+      '--output_stride=8 for 6, 12, 18 at 16), or drop the flag.')
+  assert not (tmp_path / 'two.pb').exists()
+
+  # A deeplab_config.json of another network beside the checkpoint.
+  trained, preprocess, dataset = config.load_run_config(str(logdir))
+  config.save_run_config(str(logdir), trained.replace(aspp_convs_filters=8),
+                         preprocess, dataset)
+  code, _, err = export('other.pb')
+  assert code == 2
+  assert 'with another shape, e.g. image_pooling/weights' in err
+  assert err.splitlines()[-1].endswith(
+      'The model options were read from %s beside it: does that file '
+      'belong to another run?' % (logdir / 'deeplab_config.json'))
 
 
 @pytest.mark.slow

@@ -297,28 +297,31 @@ def model_options(num_classes, crop_size, saved=None, defaults=None,
   """
   values = _flag_model_values(defaults)
   if saved is not None:
-    conflicts, changes = [], {}
+    conflicts, changes, problems = [], {}, []
     for name, value in values.items():
       saved_value = getattr(saved, name)
       flag = _MODEL_FIELD_FLAGS.get(name, name)
       if explicitly_set(flag) and _normalise(value) != _normalise(saved_value):
+        branches = _changed_branch_count(name, value, saved)
+        if branches:
+          problems.append(branches)
+          continue
         if inference and name in INFERENCE_FLAGS:
           changes[name] = value
           logging.warning('predicting with %s', _conflict(flag, value,
                                                           saved_value))
           continue
         conflicts.append(_conflict(flag, value, saved_value))
-    problems = []
     if conflicts:
-      problems.append(
+      problems.insert(0, (
           'model flags contradict the options saved with the checkpoint '
           '(%s): %s. Drop these flags; the saved options are used.'
-          % (config.RUN_CONFIG_FILENAME, '; '.join(conflicts)))
+          % (config.RUN_CONFIG_FILENAME, '; '.join(conflicts))))
     if saved.num_classes != num_classes:
       problems.append(
           '%s gives %d classes but the checkpoint was trained with %d (%s): '
           'use the dataset it was trained on, or start a new run for %d '
-          'classes' % (num_classes_from, num_classes, saved.num_classes,
+          'classes.' % (num_classes_from, num_classes, saved.num_classes,
                        config.RUN_CONFIG_FILENAME, num_classes))
     if problems:
       raise config.ConfigError('%s', ' '.join(problems))
@@ -367,6 +370,24 @@ def resize_values(saved=None):
         'resize flags contradict the options saved with the checkpoint: %s'
         % '; '.join(conflicts))
   return {n: getattr(saved, n) for n in _RESIZE_FLAGS}
+
+
+def _changed_branch_count(name, value, saved):
+  """The problem when --atrous_rates gives another number of rates than the
+  checkpoint's network has ASPP branches for (each rate is a branch of
+  variables; an inference command may change the rates, not their number);
+  None otherwise."""
+  if (name != 'atrous_rates' or saved.dense_prediction_cell_config
+      or len(value or ()) == len(saved.atrous_rates or ())):
+    return None
+  count = len(saved.atrous_rates or ())
+  return ('--atrous_rates=%s gives %d rate(s), but the network was trained '
+          'with %d (%s), an ASPP branch of variables each: give %d rates%s, '
+          'or drop the flag.' % (
+              _show(value or ()), len(value or ()), count,
+              _show(saved.atrous_rates or ()) or 'none', count,
+              ' (the original\'s recipe: 12, 24, 36 at --output_stride=8 '
+              'for 6, 12, 18 at 16)' if count == 3 else ''))
 
 
 def _conflict(flag, value, saved_value):

@@ -144,14 +144,21 @@ def check_checkpoint_matches(checkpoint_path, variables):
     if reshaped:
       details.append('%d with another shape, e.g. %s'
                      % (len(reshaped), '; '.join(reshaped[:3])))
+    run_config = os.path.join(os.path.dirname(checkpoint_path),
+                              config.RUN_CONFIG_FILENAME)
+    if os.path.isfile(run_config):
+      advice = ('The model options were read from %s beside it: does that '
+                'file belong to another run?' % run_config)
+    else:
+      advice = ('Without a %s beside the checkpoint, pass the model flags it '
+                'was trained with ({ModelOptions.model_variant}, '
+                '{ModelOptions.output_stride}, {ModelOptions.atrous_rates}, '
+                '{ModelOptions.decoder_output_stride}, '
+                '{ModelOptions.depth_multiplier}, number of classes ...)'
+                % config.RUN_CONFIG_FILENAME)
     raise CheckpointMismatchError(
         'checkpoint %s does not match the network built from the model '
-        'options (%s). Without a %s beside the checkpoint, pass the model '
-        'flags it was trained with ({ModelOptions.model_variant}, '
-        '{ModelOptions.output_stride}, {ModelOptions.atrous_rates}, '
-        '{ModelOptions.decoder_output_stride}, '
-        '{ModelOptions.depth_multiplier}, number of classes ...)'
-        % (checkpoint_path, '; '.join(details), config.RUN_CONFIG_FILENAME))
+        'options (%s). %s' % (checkpoint_path, '; '.join(details), advice))
 
 
 def build_predictions(images, model_options, inference):
