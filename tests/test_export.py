@@ -377,6 +377,12 @@ def test_output_stride_and_atrous_rates_may_change_for_inference(
   assert ('model flags contradict the options saved with the checkpoint '
           '(deeplab_config.json): --depth_multiplier=0.5 (trained with '
           '0.25)') in err
+  code, _, err = export('resize.pb', '--max_resize_value=65')
+  assert code == 2
+  assert err.splitlines()[-1] == (
+      'deeplab-export: error: resize flags contradict the options saved with '
+      'the checkpoint (deeplab_config.json): --max_resize_value=65 (trained '
+      'with it unset). Drop these flags; the saved values are used.')
   code, _, err = export('two.pb', '--atrous_rates=12', '--atrous_rates=24')
   assert code == 2
   assert err.splitlines()[-1] == (

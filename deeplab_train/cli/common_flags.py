@@ -362,13 +362,17 @@ def resize_values(saved=None):
   values = {name: FLAGS[name].value for name in _RESIZE_FLAGS}
   if saved is None:
     return values
-  conflicts = ['--%s=%s (trained with %s)' % (n, values[n], getattr(saved, n))
-               for n in _RESIZE_FLAGS
-               if explicitly_set(n) and values[n] != getattr(saved, n)]
+  conflicts = []
+  for name in _RESIZE_FLAGS:
+    trained = getattr(saved, name)
+    if explicitly_set(name) and values[name] != trained:
+      conflicts.append('--%s=%s (trained with %s)' % (
+          name, values[name], 'it unset' if trained is None else trained))
   if conflicts:
     raise config.ConfigError(
-        'resize flags contradict the options saved with the checkpoint: %s'
-        % '; '.join(conflicts))
+        'resize flags contradict the options saved with the checkpoint '
+        '(%s): %s. Drop these flags; the saved values are used.'
+        % (config.RUN_CONFIG_FILENAME, '; '.join(conflicts)))
   return {n: getattr(saved, n) for n in _RESIZE_FLAGS}
 
 
