@@ -5,6 +5,8 @@ variables of the original DeepLab's training graph for a configuration;
 these helpers turn a manifest's config into our ModelOptions, build our
 graph the same way and list what it created.
 """
+import contextlib
+import dataclasses
 import json
 
 import numpy as np
@@ -15,6 +17,7 @@ from deeplab_train.config import ModelOptions
 from deeplab_train.config import TrainOptions
 from deeplab_train.model import deeplab
 from deeplab_train.model import layers
+from deeplab_train.model import registry
 from deeplab_train.runtime import cpu as cpu_lib
 from deeplab_train.runtime import session_config
 from deeplab_train.train import graph as graph_lib
@@ -136,6 +139,37 @@ def build_training_graph_from_manifest(manifest, batch_size=2):
         is_training=config['is_training'],
         fine_tune_batch_norm=config['fine_tune_batch_norm'])
   return graph, outputs, rec
+
+
+class _ReadOptions:
+  """ModelOptions that note each field read into `read`."""
+
+  def __init__(self, options, read):
+    self._options, self._read = options, read
+
+  def __getattr__(self, name):
+    self._read.add(name)
+    return getattr(self._options, name)
+
+
+@contextlib.contextmanager
+def recording_backbone_options():
+  """Yields a set that collects the ModelOptions fields the backbones'
+  build functions read while the block runs."""
+  read = set()
+  entries = dict(registry._REGISTRY)  # pylint: disable=protected-access
+
+  def recording(build):
+    def build_reading(images, options, *args, **kwargs):
+      return build(images, _ReadOptions(options, read), *args, **kwargs)
+    return build_reading
+  for name, backbone in entries.items():
+    registry._REGISTRY[name] = dataclasses.replace(  # pylint: disable=protected-access
+        backbone, build=recording(backbone.build))
+  try:
+    yield read
+  finally:
+    registry._REGISTRY.update(entries)  # pylint: disable=protected-access
 
 
 def variable_shapes(graph):

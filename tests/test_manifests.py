@@ -10,14 +10,17 @@ import pytest
 
 import model_testing as mt
 from deeplab_train.model import deeplab
+from deeplab_train.model import registry
 
 
 @pytest.fixture(scope='module', params=mt.MANIFEST_NAMES)
 def built(request, reference_dir):
-  """(manifest, graph, outputs, recorder) for one manifest."""
+  """(manifest, graph, outputs, recorder, ModelOptions fields the backbone
+  read) for one manifest."""
   manifest = mt.load_manifest(reference_dir, request.param)
-  graph, outputs, rec = mt.build_training_graph_from_manifest(manifest)
-  return manifest, graph, outputs, rec
+  with mt.recording_backbone_options() as read:
+    graph, outputs, rec = mt.build_training_graph_from_manifest(manifest)
+  return manifest, graph, outputs, rec, read
 
 
 def _describe(extra, missing):
@@ -27,7 +30,7 @@ def _describe(extra, missing):
 
 
 def test_variable_names_and_shapes(built):
-  manifest, graph, _, _ = built
+  manifest, graph, _, _, _ = built
   ours = mt.variable_shapes(graph)
   theirs = mt.manifest_variable_shapes(manifest)
   assert len(theirs) == manifest['num_variables']
@@ -35,7 +38,7 @@ def test_variable_names_and_shapes(built):
 
 
 def test_trainable_split(built):
-  manifest, graph, _, _ = built
+  manifest, graph, _, _, _ = built
   with graph.as_default():
     trainable = {v.op.name for v in mt.tf.trainable_variables()}
     frozen = {v.op.name for v in mt.tf.global_variables()} - trainable
@@ -44,7 +47,7 @@ def test_trainable_split(built):
 
 
 def test_regularization_losses(built):
-  manifest, _, _, rec = built
+  manifest, _, _, rec, _ = built
   assert len(rec.regularization_losses) == (
       manifest['num_regularization_losses'])
   regularised = [_variable_read_by(loss) for loss in rec.regularization_losses]
@@ -72,12 +75,12 @@ def _variable_read_by(loss):
 
 
 def test_batch_norm_update_ops(built):
-  manifest, _, _, rec = built
+  manifest, _, _, rec, _ = built
   assert len(rec.update_ops) == manifest['num_update_ops']
 
 
 def test_merged_logits_shape(built):
-  manifest, _, outputs, _ = built
+  manifest, _, outputs, _, _ = built
   logits = outputs['semantic']['merged_logits']
   assert logits.shape.as_list() == manifest['merged_logits_shape']
 
@@ -92,8 +95,17 @@ def test_extra_layer_scopes(reference_dir, name):
 
 
 def test_logits_only_scopes_select_the_logits_variables(built):
-  manifest, _, _, _ = built
+  manifest, _, _, _, _ = built
   scopes = deeplab.get_extra_layer_scopes(last_layers_contain_logits_only=True)
   selected = sorted(name for name, _ in manifest['variables']
                     if name.split('/')[0] in scopes)
   assert selected == sorted(manifest['logits_variables'])
+
+
+def test_backbone_declares_the_variant_options_it_reads(built):
+  """deeplab-train warns about --depth_multiplier, --multi_grid, the NAS
+  flags ... given for a backbone that does not read them, by its registry
+  entry's `options_read`: the fields its build function reads."""
+  manifest, _, _, _, read = built
+  backbone = registry.get(manifest['config']['model_variant'])
+  assert read & set(registry.BACKBONE_OPTIONS) == set(backbone.options_read)

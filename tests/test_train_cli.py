@@ -241,6 +241,47 @@ def test_resuming_with_another_optimizer_is_refused(tmp_path):
       % (tmp_path, tmp_path / config.RUN_CONFIG_FILENAME))
 
 
+@pytest.mark.parametrize('args,unread', [
+    (['--model_variant=resnet_v1_18', '--depth_multiplier=0.5',
+      '--multi_grid=1', '--multi_grid=2', '--multi_grid=4'],
+     {'depth_multiplier': 'mobilenet_edgetpu, mobilenet_v2, '
+                          'mobilenet_v3_large_seg, mobilenet_v3_small_seg'}),
+    (['--model_variant=mobilenet_v2', '--depth_multiplier=0.5',
+      '--divisible_by=4', '--multi_grid=1', '--multi_grid=2',
+      '--multi_grid=4', '--nas_remove_os32_stride'],
+     {'multi_grid': 'resnet_v1_101, resnet_v1_101_beta, resnet_v1_18, '
+                    'resnet_v1_18_beta, resnet_v1_50, resnet_v1_50_beta, '
+                    'xception_41, xception_65, xception_71',
+      'nas_remove_os32_stride': 'nas_hnasnet, nas_pnasnet'}),
+    (['--model_variant=xception_65', '--multi_grid=1', '--multi_grid=2',
+      '--multi_grid=4'], {}),
+])
+def test_backbone_flags_the_model_does_not_read_are_named(args, unread,
+                                                          caplog):
+  """--depth_multiplier with a ResNet, --multi_grid with MobileNet, ... were
+  accepted without a word, as in the original: they change nothing."""
+  from deeplab_train.cli import common_flags
+  FLAGS.unparse_flags()
+  try:
+    FLAGS(['deeplab-train'] + args)
+    with caplog.at_level(logging.WARNING):
+      common_flags.model_options(21, (65, 65))
+  finally:
+    FLAGS.unparse_flags()
+  variant = args[0].split('=')[1]
+  assert sorted(r.getMessage() for r in caplog.records) == sorted(
+      '--%s changes nothing with --model_variant=%s; only these variants '
+      'read it: %s' % (name, variant, readers)
+      for name, readers in unread.items())
+
+
+def test_help_lists_the_model_variants():
+  from deeplab_train.model import registry
+  listed = FLAGS['model_variant'].help.split(': ', 1)[1]
+  assert sorted(listed.rstrip('.').replace(' or ', ', ').split(', ')) == (
+      registry.known_variants())
+
+
 def test_fp16_on_cpu_towers_warns():
   """TensorFlow's float16 rewrite changes GPU ops only: fp16 on a CPU ran
   in float32 without a word."""

@@ -62,7 +62,12 @@ _SHARED_TABLE = (
 
 # Model (the original's common.py and per-command model flags).
 _MODEL_TABLE = (
-    ('string', 'model_variant', 'mobilenet_v2', 'DeepLab model variant.'),
+    ('string', 'model_variant', 'mobilenet_v2',
+     'DeepLab model variant (the backbone): mobilenet_v2, '
+     'mobilenet_v3_large_seg, mobilenet_v3_small_seg, mobilenet_edgetpu, '
+     'xception_41, xception_65, xception_71, resnet_v1_18, '
+     'resnet_v1_18_beta, resnet_v1_50, resnet_v1_50_beta, resnet_v1_101, '
+     'resnet_v1_101_beta, nas_pnasnet or nas_hnasnet.'),
     ('multi_integer', 'atrous_rates', None,
      'Atrous rates for atrous spatial pyramid pooling (repeat the flag: '
      '--atrous_rates=6 --atrous_rates=12).'),
@@ -325,9 +330,26 @@ def model_options(num_classes, crop_size, saved=None, defaults=None,
                        config.RUN_CONFIG_FILENAME, num_classes))
     if problems:
       raise config.ConfigError('%s', ' '.join(problems))
-    return saved.replace(crop_size=crop_size, **changes).validate()
-  return config.ModelOptions(num_classes=num_classes, crop_size=crop_size,
-                             **values).validate()
+    options = saved.replace(crop_size=crop_size, **changes)
+  else:
+    options = config.ModelOptions(num_classes=num_classes,
+                                  crop_size=crop_size, **values)
+  options.validate()
+  _warn_unread(options.model_variant)
+  return options
+
+
+def _warn_unread(model_variant):
+  """Warns about each backbone flag given that `model_variant` does not
+  read (e.g. --depth_multiplier with a ResNet): it changes nothing."""
+  # pylint: disable-next=g-import-not-at-top
+  from deeplab_train.model import registry
+  backbone = registry.get(model_variant)
+  for name in registry.BACKBONE_OPTIONS:
+    if explicitly_set(name) and name not in backbone.options_read:
+      logging.warning('--%s changes nothing with --model_variant=%s; only '
+                      'these variants read it: %s', name, model_variant,
+                      ', '.join(registry.readers(name)))
 
 
 def classes_source(dataset_dir):

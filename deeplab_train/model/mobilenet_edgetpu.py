@@ -192,7 +192,8 @@ def backbone_params(weight_decay, bn_training):
     # The original has no decoder end points for this variant.
     decoder_end_points={},
     # The original trainer's --weight_decay default.
-    default_weight_decay=4e-5)
+    default_weight_decay=4e-5,
+    options_read=('depth_multiplier',))
 def build(images, options, is_training, bn_training, weight_decay):
   """Registry entry: MobileNet-EdgeTPU features for DeepLab.
 

@@ -227,7 +227,8 @@ def backbone_params(weight_decay, bn_training):
     normalize=registry.zero_mean_unit_range,
     decoder_end_points=DECODER_END_POINTS,
     # The original trainer's --weight_decay default.
-    default_weight_decay=4e-5)
+    default_weight_decay=4e-5,
+    options_read=('depth_multiplier', 'divisible_by'))
 def build(images, options, is_training, bn_training, weight_decay):
   """Registry entry: MobileNetV2 features for DeepLab.
 

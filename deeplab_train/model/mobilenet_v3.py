@@ -237,6 +237,7 @@ def _register(name, blocks, head_outputs, decoder_end_points):
       decoder_end_points=decoder_end_points,
       # The original trainer's --weight_decay default.
       default_weight_decay=4e-5,
+      options_read=('depth_multiplier',),
   )(functools.partial(_build, blocks=blocks, head_outputs=head_outputs))
 
 

@@ -271,6 +271,8 @@ def _register(name, build, scope, decoder_end_points):
       # scope's).
       default_weight_decay=4e-5,
       uses_drop_path=True,
+      options_read=('nas_stem_output_num_conv_filters',
+                    'nas_use_classification_head', 'nas_remove_os32_stride'),
   )(build)
 
 

@@ -50,6 +50,8 @@ class Backbone:
       (this entry is the only place it is written).
     uses_drop_path: `build` takes a `drop_path` argument (a
       nas_cell.DropPath: the NAS cells' drop-path regularisation).
+    options_read: the BACKBONE_OPTIONS fields `build` reads; the others
+      change nothing in this backbone.
   """
   name: str
   build: Callable
@@ -59,7 +61,13 @@ class Backbone:
   decoder_end_points: Dict[int, Tuple[str, ...]]
   default_weight_decay: float
   uses_drop_path: bool = False
+  options_read: Tuple[str, ...] = ()
 
+
+# ModelOptions fields that only some backbones read.
+BACKBONE_OPTIONS = ('depth_multiplier', 'divisible_by', 'multi_grid',
+                    'nas_stem_output_num_conv_filters',
+                    'nas_use_classification_head', 'nas_remove_os32_stride')
 
 _REGISTRY: Dict[str, Backbone] = {}
 
@@ -76,6 +84,14 @@ def register(name, **spec):
 
 def known_variants():
   return sorted(_REGISTRY)
+
+
+def readers(option):
+  """The variants whose backbone reads ModelOptions field `option` (one of
+  BACKBONE_OPTIONS), sorted."""
+  import deeplab_train.model  # pylint: disable=g-import-not-at-top,unused-import
+  return sorted(name for name, backbone in _REGISTRY.items()
+                if option in backbone.options_read)
 
 
 def get(name) -> Backbone:

@@ -256,6 +256,7 @@ def _register(name, num_layers, beta):
       # The original trainer's --weight_decay default, which it passed to
       # every backbone (its resnet arg scope's own 1e-4 never applied).
       default_weight_decay=4e-5,
+      options_read=('multi_grid',),
   )(functools.partial(build_resnet, num_layers=num_layers, beta=beta,
                       scope=scope))
 

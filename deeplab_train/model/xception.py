@@ -223,6 +223,7 @@ def _register(variant):
       # The original trainer's --weight_decay default (also its xception
       # arg scope's).
       default_weight_decay=4e-5,
+      options_read=('multi_grid',),
   )(functools.partial(build_xception, variant=variant))
 
 
