@@ -275,6 +275,26 @@ def test_backbone_flags_the_model_does_not_read_are_named(args, unread,
       for name, readers in unread.items())
 
 
+def test_multi_value_flags_take_comma_lists():
+  """absl read --atrous_rates=6,12,18 as one number: 'invalid literal for
+  int()'. A comma list is now the repeated flag; both forms mix."""
+  FLAGS.unparse_flags()
+  try:
+    FLAGS(['deeplab-train', '--atrous_rates=6,12', '--atrous_rates=18',
+           '--image_pyramid=0.5,1', '--multi_grid=1'])
+    assert FLAGS.atrous_rates == [6, 12, 18]
+    assert FLAGS.image_pyramid == [0.5, 1.0]
+    assert FLAGS.multi_grid == [1]
+    # Passed on (deeplab-bench --compare_original) as the repeated flag.
+    assert FLAGS['atrous_rates'].serialize() == (
+        '--atrous_rates=6\n--atrous_rates=12\n--atrous_rates=18')
+    FLAGS.unparse_flags()
+    with pytest.raises(flags.IllegalFlagValueError):
+      FLAGS(['deeplab-train', '--atrous_rates=6,x'])
+  finally:
+    FLAGS.unparse_flags()
+
+
 def test_help_lists_the_model_variants():
   from deeplab_train.model import registry
   listed = FLAGS['model_variant'].help.split(': ', 1)[1]

@@ -69,8 +69,9 @@ _MODEL_TABLE = (
      'resnet_v1_18_beta, resnet_v1_50, resnet_v1_50_beta, resnet_v1_101, '
      'resnet_v1_101_beta, nas_pnasnet or nas_hnasnet.'),
     ('multi_integer', 'atrous_rates', None,
-     'Atrous rates for atrous spatial pyramid pooling (repeat the flag: '
-     '--atrous_rates=6 --atrous_rates=12).'),
+     'Atrous rates for atrous spatial pyramid pooling (repeat the flag, '
+     '--atrous_rates=6 --atrous_rates=12, or give a comma list, '
+     '--atrous_rates=6,12).'),
     ('integer', 'output_stride', 16,
      'Ratio of input to output spatial resolution.'),
     ('list', 'decoder_output_stride', None,
