@@ -442,32 +442,45 @@ def test_a_worker_with_options_other_than_the_chiefs_refuses_to_train(
   _, chief, worker = tasks
   stale = 0.6
 
-  def create(task, graph, scaffold, options):
+  def create(task, graph, scaffold, options, **waiting):
     creator = cluster_session.session_creator(
         task, scaffold, servers[tasks.index(task)].target,
         cluster_session.session_config(task), str(tmp_path), options,
         max_wait_secs=timeouts.HANG_SECONDS, recovery_wait_secs=0.05,
-        heartbeat_secs=0.1, stale_secs=stale)
+        heartbeat_secs=0.1, stale_secs=stale, **waiting)
     with graph.as_default():
       return creator.create_session()
 
-  def start_worker(**train):
+  def start_worker(waiting=None, **train):
     """Creates a worker's session in a thread: {'session' or 'error'}."""
     graph, scaffold, options = _options_graph(worker, ['w'], **train)
     out = {'graph': graph}
 
     def run():
       try:
-        out['session'] = create(worker, graph, scaffold, options)
-      except config.ConfigError as e:
+        out['session'] = create(worker, graph, scaffold, options,
+                                **(waiting or {}))
+      except (config.ConfigError, cluster_session.StoppedWhileWaiting) as e:
         out['error'] = e
     out['thread'] = threading.Thread(target=run, daemon=True)
     out['thread'].start()
     return out
 
   # A worker that starts first waits for the chief to publish its options.
-  early = start_worker()
-  time.sleep(0.5)
+  # Asked to stop meanwhile, it stops (a SIGTERM ended it only after a 5 s
+  # grace, exit 143, its result speaking of checkpoints). Once the ps
+  # answered, the worker says itself what it waits for: 'are they up and
+  # reachable?' came every 30 s beside it.
+  stop = threading.Event()
+  with cluster_session.noticing_waits(worker) as waits:
+    stopping = start_worker({'waits': waits, 'should_stop': stop.is_set})
+    early = start_worker()
+    time.sleep(0.5)
+    assert waits.ps_reached.is_set()
+    stop.set()
+    stopping['thread'].join(timeout=timeouts.HANG_SECONDS)
+  assert isinstance(stopping.get('error'),
+                    cluster_session.StoppedWhileWaiting)
   assert 'session' not in early
   chief_session = create(chief, *_options_graph(chief, ['w']))
   early['thread'].join(timeout=timeouts.HANG_SECONDS)
@@ -852,7 +865,10 @@ def test_a_task_waiting_for_the_cluster_stops_on_the_first_sigterm(
   """A chief whose ps never comes up waits for it; a SIGTERM (a batch
   system's, before its SIGKILL) was not honoured while it waited (still
   running 660 s after it, in an audit). It stops at once now, as on a
-  second signal, once the grace period of a task without a step is over."""
+  second signal, once the grace period of a task without a step is over.
+  A worker waiting for the chief (the ps is up) has nothing to save: it
+  stops at once with exit 0 (before, the same grace, then exit 143 and a
+  result saying training resumes from the last checkpoint)."""
   cluster = LocalCluster(tmp_path, records, processes, 10)
   chief_proc = cluster.start('worker', 0)   # no ps started
   cluster.wait_for_line('worker0', 'Training mobilenet_v2 from step 0')
@@ -865,6 +881,22 @@ def test_a_task_waiting_for_the_cluster_stops_on_the_first_sigterm(
   assert re.search(r'SIGTERM, and no step ended within \d+ s: waiting for '
                    r'another task of the cluster', chief['message']), chief
   assert tt.latest_step(cluster.logdir) is None
+
+  cluster.start('ps', 0)
+  worker_proc = cluster.start('worker', 1)   # no chief
+  cluster.wait_for_line('worker1', 'Waiting for the chief')
+  time.sleep(1)
+  worker_proc.send_signal(signal.SIGTERM)
+  code, worker = cluster.finish('worker1', timeout=30)
+  assert code == 0, worker
+  assert worker == dict(worker, status='ok', stop_reason='signal:SIGTERM',
+                        checkpoint=None, message=(
+                            'stopped before any step (signal:SIGTERM), while '
+                            'waiting for the chief; the chief writes the '
+                            'checkpoints'))
+  assert ('SIGTERM received: stopping after the current step (the chief '
+          'writes the checkpoints; send it again to stop at once)'
+          in cluster.log('worker1'))
 
 
 @pytest.mark.slow

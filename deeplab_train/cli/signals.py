@@ -30,6 +30,9 @@ import sys
 import threading
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# What the first signal does, said on stderr (% the signal's name).
+FIRST_NOTICE = ('%s received: stopping after the current step with a final '
+                'checkpoint (send it again to stop at once)')
 
 
 def signal_name(signum):
@@ -51,6 +54,7 @@ class ProcessSignals:
 
   def __init__(self):
     self.pending = None
+    self._first_notice = FIRST_NOTICE
     self._on_first = None
     self._on_stop_now = None
     self._lock = threading.Lock()
@@ -78,7 +82,7 @@ class ProcessSignals:
       signal.signal(sig, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
 
-  def connect(self, on_first=None, on_stop_now=None):
+  def connect(self, on_first=None, on_stop_now=None, first_notice=None):
     """Hands the signals to the command's run.
 
     Args:
@@ -86,8 +90,11 @@ class ProcessSignals:
         one is pending): e.g. ask the run to stop after its step.
       on_stop_now: fn(signum) for the second signal of a kind, called on
         the watching thread just before the process ends: print the result.
+      first_notice: what a first signal from now on does, said on stderr
+        (% the signal's name); None: FIRST_NOTICE.
     """
     with self._lock:
+      self._first_notice = first_notice or FIRST_NOTICE
       self._on_first = on_first
       self._on_stop_now = on_stop_now
       pending = self.pending
@@ -115,10 +122,9 @@ class ProcessSignals:
       if first:
         self.pending = name
       on_first, on_stop_now = self._on_first, self._on_stop_now
+      notice = self._first_notice
     if first:
-      sys.stderr.write('%s received: stopping after the current step with a '
-                       'final checkpoint (send it again to stop at once)\n'
-                       % name)
+      sys.stderr.write(notice % name + '\n')
       sys.stderr.flush()
       if on_first is not None:
         on_first(name)

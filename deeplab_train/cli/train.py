@@ -357,6 +357,10 @@ def run_job(job, start_time, process_signals=None, result_json=None):
 # Before its first step (waiting for its session), it has nothing to save.
 CLUSTER_STOP_GRACE_SECS = 30
 CLUSTER_STOP_GRACE_BEFORE_A_STEP_SECS = 5
+# A non-chief worker writes no checkpoint.
+WORKER_FIRST_NOTICE = ('%s received: stopping after the current step (the '
+                       'chief writes the checkpoints; send it again to stop '
+                       'at once)')
 
 
 def _forward_signals(process_signals, run, result_json):
@@ -376,7 +380,9 @@ def _forward_signals(process_signals, run, result_json):
     if run.cluster is not None:
       threading.Thread(target=_stop_when_stuck, args=(run, name, stop_now),
                        name='stop-when-stuck', daemon=True).start()
-  process_signals.connect(on_first=on_first, on_stop_now=stop_now)
+  process_signals.connect(
+      on_first=on_first, on_stop_now=stop_now,
+      first_notice=None if run.role.decides_weights else WORKER_FIRST_NOTICE)
 
 
 def _stop_when_stuck(run, name, stop_now):

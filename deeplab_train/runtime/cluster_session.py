@@ -187,15 +187,22 @@ class _ChiefSessionCreator(tf.train.ChiefSessionCreator):
         return  # the session was closed (or the ps is gone): the run ended
 
 
+class StoppedWhileWaiting(Exception):
+  """A non-chief worker was asked to stop before its session existed: it
+  had trained nothing and has nothing to save."""
+
+
 class _WorkerSessionCreator(tf.train.SessionCreator):
   """A non-chief worker's session: waits until the chief made the model
   ready and, beating, published options equal to this worker's, checking
   every `recovery_wait_secs` in one session (SessionManager's
   wait_for_session opened a session at each check, and logged every missing
-  variable each time)."""
+  variable each time). Sets `reached` once the ps answered; raises
+  StoppedWhileWaiting when `should_stop()` turns true meanwhile."""
 
   def __init__(self, scaffold, master, config, options, task,
-               max_wait_secs, recovery_wait_secs, stale_secs=STALE_SECS):
+               max_wait_secs, recovery_wait_secs, stale_secs=STALE_SECS,
+               reached=None, should_stop=None):
     self._scaffold = scaffold
     self._master = master
     self._config = config
@@ -204,6 +211,8 @@ class _WorkerSessionCreator(tf.train.SessionCreator):
     self._max_wait_secs = max_wait_secs
     self._recovery_wait_secs = recovery_wait_secs
     self._stale_secs = stale_secs
+    self._reached = reached if reached is not None else threading.Event()
+    self._should_stop = should_stop or (lambda: False)
 
   def _not_ready(self, session):
     """The variables not ready yet; runs the local init once the shared
@@ -232,7 +241,10 @@ class _WorkerSessionCreator(tf.train.SessionCreator):
     start = noticed = time.time()
     differing_since = None
     while True:
+      if self._should_stop():
+        raise StoppedWhileWaiting()
       text, age = self._options.chief(session)
+      self._reached.set()
       live = age is not None and age < self._stale_secs
       differences = self._options.differences(text) if text else []
       missing = ()
@@ -281,10 +293,17 @@ WAIT_NOTICE_SECS = 30
 
 
 class _SessionCreated(tf.train.SessionRunHook):
-  """Sets `event` once the session exists (the first hook to hear of it)."""
+  """Sets `event` once the session exists (the first hook to hear of it).
+
+  Attributes:
+    ps_reached: an Event a waiting worker's session creator sets once the
+      ps answered (see `session_creator`): from then on the worker says
+      itself what it waits for.
+  """
 
   def __init__(self, event):
     self._event = event
+    self.ps_reached = threading.Event()
 
   def after_create_session(self, session, coord):
     self._event.set()
@@ -299,6 +318,7 @@ def noticing_waits(cluster, every=WAIT_NOTICE_SECS):
   which TF_CPP_MIN_LOG_LEVEL=2 hides). Nothing is logged for a
   single-machine run (`cluster` None)."""
   created = threading.Event()
+  hook = _SessionCreated(created)
   if cluster is not None:
     others = 'the ps task(s) at %s' % ', '.join(cluster.ps_hosts)
     if not cluster.is_chief:
@@ -309,11 +329,12 @@ def noticing_waits(cluster, every=WAIT_NOTICE_SECS):
     def notice():
       start = time.time()
       while not created.wait(every):
-        logging.warning('%s has waited %.0f s for %s: are they up and '
-                        'reachable?', this, time.time() - start, others)
+        if not hook.ps_reached.is_set():
+          logging.warning('%s has waited %.0f s for %s: are they up and '
+                          'reachable?', this, time.time() - start, others)
     threading.Thread(target=notice, name='wait-notice', daemon=True).start()
   try:
-    yield _SessionCreated(created)
+    yield hook
   finally:
     created.set()
 
@@ -321,7 +342,8 @@ def noticing_waits(cluster, every=WAIT_NOTICE_SECS):
 def session_creator(cluster, scaffold, master, config, checkpoint_dir,
                     options, max_wait_secs=7200,
                     recovery_wait_secs=RECOVERY_WAIT_SECS,
-                    heartbeat_secs=HEARTBEAT_SECS, stale_secs=STALE_SECS):
+                    heartbeat_secs=HEARTBEAT_SECS, stale_secs=STALE_SECS,
+                    waits=None, should_stop=None):
   """The session creator of a worker (use in tf.train.MonitoredSession).
 
   The chief restores the last checkpoint of `checkpoint_dir` (or initialises
@@ -341,11 +363,17 @@ def session_creator(cluster, scaffold, master, config, checkpoint_dir,
     stale_secs: a heartbeat older than this is a chief that stopped; a
       non-chief raises ConfigError once a live chief held options that
       differ from its own this long.
+    waits: the hook `noticing_waits` yields, or None: a non-chief sets its
+      `ps_reached` once the ps answered.
+    should_stop: fn() -> true when the run is asked to stop: a non-chief
+      still waiting then raises StoppedWhileWaiting.
   """
   if cluster.is_chief:
     return _ChiefSessionCreator(
         options, heartbeat_secs, scaffold=scaffold, master=master,
         config=config, checkpoint_dir=checkpoint_dir)
-  return _WorkerSessionCreator(scaffold, master, config, options,
-                               cluster.task, max_wait_secs,
-                               recovery_wait_secs, stale_secs)
+  return _WorkerSessionCreator(
+      scaffold, master, config, options, cluster.task, max_wait_secs,
+      recovery_wait_secs, stale_secs,
+      reached=waits.ps_reached if waits is not None else None,
+      should_stop=should_stop)

@@ -196,11 +196,15 @@ class TrainingRun:
       if hooks.checkpoints is not None:
         checkpoint = hooks.checkpoints.last_checkpoint
     loss = hooks.progress.loss if hooks is not None else None
+    if self.role.decides_weights:
+      resumes = ('training resumes from the last checkpoint (%s)'
+                 % (checkpoint or 'none written yet'))
+    else:
+      resumes = 'the chief writes the checkpoints'
     return self._result(
         status, reason, global_step=step, loss=loss, checkpoint=checkpoint,
-        message='stopped at once (%s) after step %s; training resumes from '
-        'the last checkpoint (%s)' % (why or reason + ' again', step,
-                                      checkpoint or 'none written yet'))
+        message='stopped at once (%s) after step %s; %s'
+        % (why or reason + ' again', step, resumes))
 
   def steps_done(self):
     """(steps this run has done, seconds per step or None), from any
@@ -440,8 +444,11 @@ class TrainingRun:
           save_steps=PROFILE_STEPS, output_dir=run_options.profile_logdir))
     return out
 
-  def _open_session(self, g, hook_list):
-    """The MonitoredSession of a single-machine run or of a cluster task."""
+  def _open_session(self, g, hooks, waits=None):
+    """The MonitoredSession of a single-machine run or of a cluster task;
+    `waits` (the hook of cluster_session.noticing_waits), if any, comes
+    first."""
+    hook_list = ([waits] if waits is not None else []) + hooks
     session_config = (self.spec.session_config or
                       default_session_config(self.spec.train_options))
     logdir = self.spec.run_options.train_logdir
@@ -458,7 +465,8 @@ class TrainingRun:
     creator = cluster_session.session_creator(
         self.cluster, g.scaffold, self.master,
         cluster_session.session_config(self.cluster, session_config), logdir,
-        options)
+        options, waits=waits,
+        should_stop=lambda: self.stop.reason is not None)
     return tf.train.MonitoredSession(
         session_creator=creator, hooks=hook_list,
         stop_grace_period_secs=cluster_lib.STOP_GRACE_SECS)
@@ -470,12 +478,17 @@ class TrainingRun:
     self._hooks_now = hooks
     try:
       with g.graph.as_default():
-        with cluster_session.noticing_waits(self.cluster) as created:
-          session = self._open_session(g, [created] + hooks.all)
+        with cluster_session.noticing_waits(self.cluster) as waits:
+          session = self._open_session(g, hooks.all, waits)
         with session as sess:
           self._save_run_config()
           while not sess.should_stop():
             sess.run(g.train_op)
+    except cluster_session.StoppedWhileWaiting:
+      return self._result(
+          'ok', self.stop.reason, global_step=None,
+          message='stopped before any step (%s), while waiting for the '
+          'chief; the chief writes the checkpoints' % self.stop.reason)
     except hooks_lib.CheckpointNotSavedError as e:
       logging.error('%s', e)
       return self._result('error', 'checkpoint_not_saved',
