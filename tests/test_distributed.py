@@ -454,7 +454,7 @@ def test_a_worker_with_options_other_than_the_chiefs_refuses_to_train(
   def start_worker(waiting=None, **train):
     """Creates a worker's session in a thread: {'session' or 'error'}."""
     graph, scaffold, options = _options_graph(worker, ['w'], **train)
-    out = {'graph': graph}
+    out = {'graph': graph, 'options': options}
 
     def run():
       try:
@@ -485,6 +485,11 @@ def test_a_worker_with_options_other_than_the_chiefs_refuses_to_train(
   chief_session = create(chief, *_options_graph(chief, ['w']))
   early['thread'].join(timeout=timeouts.HANG_SECONDS)
   assert early['session'].run(_first_variable(early['graph'])) == 1.0
+  # While it trains, it checks the chief's options again after its steps.
+  check = cluster_session.ChiefOptionsHook(early['options'], 1, every_secs=0,
+                                           stale_secs=stale)
+  step_ended = tf.train.SessionRunContext(None, early['session'])
+  check.after_run(step_ended, None)
 
   # Per-machine settings may differ.
   graph, scaffold, options = _options_graph(
@@ -541,6 +546,14 @@ def test_a_worker_with_options_other_than_the_chiefs_refuses_to_train(
   assert next_run['session'].run(_first_variable(next_run['graph'])) == 1.0
   old_run['thread'].join(timeout=timeouts.HANG_SECONDS)
   assert 'train_batch_size=2 here, 4 on the chief' in str(old_run['error'])
+  # The early worker, still training, learns of the new chief after its
+  # next step (it trained on, unchecked, beside it).
+  with pytest.raises(config.ConfigError) as error:
+    check.after_run(step_ended, None)
+  assert app.user_message(error.value).startswith(
+      'the chief was restarted with options that differ from those of worker '
+      'task 1, which trained beside it: --train_batch_size=2 here, 4 on the '
+      'chief: ')
 
 
 def test_join_hook_stops_a_worker_joining_a_finished_run():

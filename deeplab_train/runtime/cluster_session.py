@@ -7,8 +7,10 @@ session waits until a beating chief has made the model ready and checks its
 own options against the chief's: a worker started with other model or
 training flags refuses to train (exit 2) instead of waiting for ever for
 variables the chief never made or failing at its first step; the options a
-stopped chief left on the ps neither refuse a worker nor let one in. Until
-its session exists, a task logs every 30 s what it waits for.
+stopped chief left on the ps neither refuse a worker nor let one in. A
+training worker checks them again every few seconds (a chief restarted with
+other options). Until its session exists, a task logs every 30 s what it
+waits for.
 """
 import contextlib
 import json
@@ -136,15 +138,20 @@ class ChiefOptions:
             for key in sorted(set(mine) | set(chief))
             if mine.get(key) != chief.get(key)]
 
-  def mismatch_error(self, differences, task):
-    """The ConfigError of a worker whose options differ from the chief's."""
+  def mismatch_error(self, differences, task, restarted=False):
+    """The ConfigError of a worker whose options differ from the chief's
+    (`restarted`: those of a chief restarted while the worker trained)."""
     template, values = _listed(differences)
+    if restarted:
+      what = ('the chief was restarted with options that differ from those '
+              'of worker task %d, which trained beside it: ')
+    else:
+      what = ('worker task %d was started with options that differ from '
+              'those of the chief, which trains: ')
     return ConfigError(
-        'worker task %d was started with options that differ from those of '
-        "the chief, which trains: " + template + ': start every worker with '
-        'the flags of the chief (only {TrainOptions.num_clones}, '
-        '{TrainOptions.mixed_precision} and the other per-machine settings '
-        'may differ)', task, *values)
+        what + template + ': start every worker with the flags of the chief '
+        '(only {TrainOptions.num_clones}, {TrainOptions.mixed_precision} and '
+        'the other per-machine settings may differ)', task, *values)
 
 
 def _listed(differences):
@@ -273,6 +280,35 @@ class _WorkerSessionCreator(tf.train.SessionCreator):
             None, None, 'the model was not ready after %d s'
             % self._max_wait_secs)
       time.sleep(self._recovery_wait_secs)
+
+
+class ChiefOptionsHook(tf.train.SessionRunHook):
+  """Keeps a training non-chief worker's options checked against the
+  chief's, every `every_secs`: a chief restarted with other flags publishes
+  other options, and the worker then raises the ConfigError of
+  `ChiefOptions.mismatch_error` (it trained on, unchecked, beside the new
+  chief). Options of a chief that stopped (no heartbeat for `stale_secs`)
+  change nothing: the worker waits for the next chief as it did."""
+
+  def __init__(self, options, task, every_secs=HEARTBEAT_SECS,
+               stale_secs=STALE_SECS):
+    self._options = options
+    self._task = task
+    self._every_secs = every_secs
+    self._stale_secs = stale_secs
+    self._checked = time.time()
+
+  def after_run(self, run_context, run_values):
+    if time.time() - self._checked < self._every_secs:
+      return
+    self._checked = time.time()
+    text, age = self._options.chief(run_context.session)
+    if text is None or age >= self._stale_secs:
+      return
+    differences = self._options.differences(text)
+    if differences:
+      raise self._options.mismatch_error(differences, self._task,
+                                         restarted=True)
 
 
 def _waiting_for(text, age, live, missing):

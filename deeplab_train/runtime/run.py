@@ -467,6 +467,9 @@ class TrainingRun:
         cluster_session.session_config(self.cluster, session_config), logdir,
         options, waits=waits,
         should_stop=lambda: self.stop.reason is not None)
+    if not self.role.decides_weights:
+      hook_list.append(cluster_session.ChiefOptionsHook(options,
+                                                        self.cluster.task))
     return tf.train.MonitoredSession(
         session_creator=creator, hooks=hook_list,
         stop_grace_period_secs=cluster_lib.STOP_GRACE_SECS)
