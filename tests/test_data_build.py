@@ -110,6 +110,39 @@ def test_jpeg_images_are_stored_as_is(tmp_path):
     assert feature['image/encoded'].bytes_list.value[0] == f.read()
 
 
+def test_a_phones_multi_picture_jpeg_is_stored_as_its_first_picture(
+    tmp_path):
+  """An MPO (a JPEG followed by more pictures: previews, the other eye)
+  was re-encoded as PNG, about 6 times larger. Its first picture is a JPEG
+  of its own; a label saved as MPO is refused as a JPEG is."""
+  pairs = common.tiny_pairs(2, 2)
+  images, labels, lists = voc(tmp_path, {'train': pairs}, image_format='jpg')
+  path = os.path.join(images, 'img_00.jpg')
+  first = Image.fromarray(pairs[0][1])
+  first.save(path, format='MPO', save_all=True,
+             append_images=[first.resize((8, 6))])
+  with open(path, 'rb') as f:
+    data = f.read()
+  out = str(tmp_path / 'out')
+  build_voc(images, labels, lists, out,
+            build.BuildOptions(num_classes=4, num_shards=1), image_format='jpg')
+  feature, image, _ = read_records(
+      os.path.join(out, 'train-00000-of-00001.tfrecord'))[0]
+  assert feature['image/format'].bytes_list.value == [b'jpeg']
+  stored = feature['image/encoded'].bytes_list.value[0]
+  assert len(stored) < len(data) and data.startswith(stored)
+  assert image.shape == pairs[0][1].shape
+  np.testing.assert_array_equal(
+      tf.image.decode_jpeg(stored).numpy(),
+      tf.image.decode_jpeg(data).numpy())
+
+  Image.fromarray(pairs[1][2].astype(np.uint8)).save(
+      os.path.join(labels, 'img_01.png'), format='MPO')
+  with pytest.raises(build.DataError, match=r'img_01.png is a JPEG file'):
+    build_voc(images, labels, lists, str(tmp_path / 'out2'), OPTIONS,
+              image_format='jpg')
+
+
 def test_builtin_name_brings_class_names_and_palette(tmp_path):
   images, labels, lists = voc(tmp_path, {'val': common.tiny_pairs(3, 2)})
   out = str(tmp_path / 'out')

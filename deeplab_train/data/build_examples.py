@@ -37,8 +37,10 @@ def read_image(path):
   """Reads an image file as it will be stored.
 
   JPEG (grey or RGB) and PNG bytes of 8-bit modes are kept as they are;
-  anything else (16-bit grey PNGs included, scaled to 8 bits) is re-encoded
-  as an RGB PNG so the reader can decode it. The pixels are stored as the
+  of a phone's multi-picture JPEG (MPO), the first picture's bytes, which
+  are a JPEG of their own (its other pictures are previews or the other
+  eye); anything else (16-bit grey PNGs included, scaled to 8 bits) is
+  re-encoded as an RGB PNG so the reader can decode it. The pixels are stored as the
   file holds them, whatever its EXIF orientation (TensorFlow's decoders,
   and so the original DeepLab, ignore it too).
 
@@ -58,6 +60,9 @@ def read_image(path):
       orientation = im.getexif().get(EXIF_ORIENTATION, 1)
       if fmt == 'JPEG' and mode in ('L', 'RGB'):
         return data, 'jpeg', height, width, orientation
+      first = _first_picture(im, data) if fmt == 'MPO' else None
+      if first is not None and mode in ('L', 'RGB'):
+        return first, 'jpeg', height, width, orientation
       if fmt == 'PNG' and mode in ('L', 'LA', 'RGB', 'RGBA', 'P'):
         return data, 'png', height, width, orientation
       buf = io.BytesIO()
@@ -71,6 +76,23 @@ def read_image(path):
     raise build_options.DataError('%s is not a readable image (%s)', path,
                                   reason) from None
 
+
+def _first_picture(im, data):
+  """The bytes of an MPO file's first picture, a JPEG from the file's
+  start (Pillow's MP index gives its size), or None when they do not read
+  as a picture of the same size."""
+  try:
+    size = int(im.mpinfo[_MP_ENTRY][0]['Size'])
+    with Image.open(io.BytesIO(data[:size])) as first:
+      first.load()
+      return data[:size] if first.size == im.size else None
+  except (*pil_images.READ_ERRORS, AttributeError, KeyError, IndexError,
+          TypeError, ValueError):
+    return None
+
+
+# The MP index's list of pictures (Pillow's mpinfo key).
+_MP_ENTRY = 0xB002
 
 _BUFFER_NAME = re.compile(r'\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>')
 
@@ -161,7 +183,7 @@ def read_label(path, options, label_map=None):
     raise build_options.DataError('%s is not a readable label image (%s)',
                                   path, pil_images.read_error_reason(e)
                                   ) from None
-  if fmt == 'JPEG':
+  if fmt in ('JPEG', 'MPO'):
     raise build_options.DataError(
         '%s is a JPEG file: its compression blurs the class ids into other '
         'ids along every edge; save the labels as PNG', path)
