@@ -11,6 +11,7 @@ To add a backbone: write a module under `deeplab_train/model/`, decorate its
 builder with `register`, and import the module in `model/__init__.py`.
 """
 import dataclasses
+import importlib
 from typing import Callable, Dict, Tuple
 
 import tensorflow.compat.v1 as tf
@@ -86,20 +87,24 @@ def known_variants():
   return sorted(_REGISTRY)
 
 
+def _registered():
+  """The registry, once every backbone module registered itself (which
+  importing the package does)."""
+  importlib.import_module('deeplab_train.model')
+  return _REGISTRY
+
+
 def readers(option):
   """The variants whose backbone reads ModelOptions field `option` (one of
   BACKBONE_OPTIONS), sorted."""
-  import deeplab_train.model  # pylint: disable=g-import-not-at-top,unused-import
-  return sorted(name for name, backbone in _REGISTRY.items()
+  return sorted(name for name, backbone in _registered().items()
                 if option in backbone.options_read)
 
 
 def get(name) -> Backbone:
   """The registered backbone, or ConfigError listing the known names."""
-  # Importing the package registers every backbone module.
-  import deeplab_train.model  # pylint: disable=g-import-not-at-top,unused-import
   try:
-    return _REGISTRY[name]
+    return _registered()[name]
   except KeyError:
     raise ConfigError('unknown {ModelOptions.model_variant}=%r; known '
                       'variants: %s', name,
