@@ -487,6 +487,12 @@ class TrainingRun:
           self._save_run_config()
           while not sess.should_stop():
             sess.run(g.train_op)
+    except config.ConfigError as e:
+      # A worker whose options differ from the chief's (also a chief
+      # restarted with other options while it trained): how far it got.
+      return self._result('bad_input', 'bad_input',
+                          global_step=hooks.progress.step,
+                          loss=hooks.progress.loss, detail=e)
     except cluster_session.StoppedWhileWaiting:
       return self._result(
           'ok', self.stop.reason, global_step=None,
