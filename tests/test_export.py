@@ -172,6 +172,41 @@ def test_saved_model_on_a_full_disk_keeps_the_old_and_no_temp(
   assert (old / 'saved_model.pb').read_bytes() == b'the previous export'
 
 
+def test_outputs_that_would_replace_one_another_or_other_files_are_refused(
+    tiny_ckpt, tmp_path, capsys):
+  """--saved_model_dir replaces its folder as a whole: a folder of other
+  files lost them all (and the .pb written into it), with exit 0. The same
+  path for --export_path and --tflite_path was overwritten, with exit 1
+  and 'No such file or directory'. Each is refused before any work now."""
+  kept = tmp_path / 'photos'
+  kept.mkdir()
+  (kept / 'notes.txt').write_text('important')
+  (kept / 'a.jpg').write_bytes(b'jpeg')
+  same = tmp_path / 'm.bin'
+  same.write_bytes(b'OLD')
+
+  def refused(*outputs):
+    code = et.run_cli(export_cli, ['--checkpoint_path=' + tiny_ckpt,
+                                   '--crop_size=41,41'] + list(outputs))
+    assert code == 2
+    return capsys.readouterr().err.splitlines()[-1]
+  assert refused('--saved_model_dir=%s' % kept) == (
+      'deeplab-export: error: --saved_model_dir=%s holds 2 file(s) that are '
+      "not a SavedModel's (a.jpg, notes.txt): the export replaces the folder "
+      'as a whole, so give a new or empty folder, or that of an earlier '
+      'SavedModel' % kept)
+  assert refused('--saved_model_dir=%s' % kept,
+                 '--export_path=%s/frozen.pb' % kept) == (
+      'deeplab-export: error: --export_path=%s/frozen.pb is inside '
+      '--saved_model_dir=%s, which the export replaces as a whole: put it '
+      'elsewhere' % (kept, kept))
+  assert refused('--export_path=%s' % same, '--tflite_path=%s' % same) == (
+      'deeplab-export: error: --export_path and --tflite_path name the same '
+      'file, %s: give each its own path' % same)
+  assert sorted(os.listdir(kept)) == ['a.jpg', 'notes.txt']
+  assert same.read_bytes() == b'OLD'
+
+
 def test_multi_scale_flipped_export_matches_in_graph(tiny_ckpt, tmp_path):
   pb = str(tmp_path / 'ms.pb')
   assert et.run_cli(export_cli, [

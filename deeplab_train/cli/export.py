@@ -135,6 +135,37 @@ def _num_classes(saved_model):
   return FLAGS.num_classes
 
 
+def _check_outputs_apart():
+  """Raises ConfigError when one output would replace another, or the
+  --saved_model_dir folder (replaced as a whole) holds other files."""
+  # pylint: disable-next=g-import-not-at-top
+  from deeplab_train.export import savedmodel
+  files = [(name, os.path.realpath(FLAGS[name].value))
+           for name in ('export_path', 'tflite_path') if FLAGS[name].value]
+  if len(files) == 2 and files[0][1] == files[1][1]:
+    raise config.ConfigError(
+        '--export_path and --tflite_path name the same file, %s: give each '
+        'its own path', FLAGS.export_path)
+  folder = FLAGS.saved_model_dir
+  if not folder:
+    return
+  inside = [name for name, path in files
+            if path.startswith(os.path.realpath(folder) + os.sep)]
+  if inside:
+    raise config.ConfigError(
+        '--%s=%s is inside --saved_model_dir=%s, which the export replaces '
+        'as a whole: put it elsewhere', inside[0], FLAGS[inside[0]].value,
+        folder)
+  foreign = savedmodel.foreign_entries(folder)
+  if foreign:
+    shown = ', '.join(foreign[:5]) + (', ...' if len(foreign) > 5 else '')
+    raise config.ConfigError(
+        '--saved_model_dir=%s holds %d file(s) that are not a SavedModel\'s '
+        '(%s): the export replaces the folder as a whole, so give a new or '
+        'empty folder, or that of an earlier SavedModel', folder,
+        len(foreign), shown)
+
+
 def options_from_flags():
   """Flags (+ saved run config) -> an ExportJob.
 
@@ -148,6 +179,7 @@ def options_from_flags():
   output_paths.check_output_file('export_path', FLAGS.export_path)
   output_paths.check_output_folder('saved_model_dir', FLAGS.saved_model_dir)
   output_paths.check_output_file('tflite_path', FLAGS.tflite_path)
+  _check_outputs_apart()
   tflite_options = _tflite_options()
   # pylint: disable-next=g-import-not-at-top
   from deeplab_train.evaluation import predictor as predictor_lib

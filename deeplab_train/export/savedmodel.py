@@ -23,6 +23,8 @@ images of different sizes one by one to either signature. In TensorFlow 2:
     one = model.signatures['single_image']
     labels = one(image=tf.constant(uint8_image[None]))['labels']  # [1, H, W]
 """
+import os
+
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import atomic
@@ -41,6 +43,19 @@ LABELS_KEY = 'labels'
 PROBABILITIES_KEY = 'probabilities'
 # Name of the batch signature's uint8 placeholder in the graph.
 BATCH_INPUT_NAME = 'BatchImageTensor'
+# What a SavedModel folder holds (TensorFlow's names): an export replaces
+# the folder as a whole, so one holding anything else is refused.
+SAVED_MODEL_ENTRIES = frozenset(('saved_model.pb', 'saved_model.pbtxt',
+                                 'variables', 'assets', 'assets.extra',
+                                 'fingerprint.pb'))
+
+
+def foreign_entries(export_dir):
+  """The entries of the existing folder `export_dir` that are not a
+  SavedModel's, sorted (none for a new or empty folder, or a SavedModel)."""
+  if not os.path.isdir(export_dir):
+    return []
+  return sorted(set(os.listdir(export_dir)) - SAVED_MODEL_ENTRIES)
 
 
 def _resize_batch_to_range(images, export_options):
