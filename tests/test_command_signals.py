@@ -10,9 +10,14 @@ SIGTERM with no result line, and a build's temp shards stayed.
 import json
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
+from deeplab_train.cli import app
 from deeplab_train.cli import build_data as build_cli
+from deeplab_train.cli import signals
 from deeplab_train.cli import eval as eval_cli
 from deeplab_train.data import build
 from deeplab_train.evaluation import eval_loop
@@ -88,3 +93,43 @@ def test_sigterm_while_converting_stops_the_build_with_143(tmp_path,
   assert err.splitlines()[-1] == 'deeplab-build-data: stopped by SIGTERM'
   # The build before is as it was: no new shard, no temp left.
   assert common.folder_contents(tmp_path / 'out') == before
+
+
+def test_a_stop_that_tensorflow_turned_into_another_error_is_a_stop(capsys):
+  """A SIGTERM raised while TensorFlow's C++ code hands an error back came
+  out as pybind11's RuntimeError ('MISMATCH ... REPLACED BY Stopped'): the
+  export ended with exit 1, a traceback and status error (seen once in an
+  audit, in tf.import_graph_def)."""
+  def body():
+    try:
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(30)
+    except signals.Stopped:
+      raise RuntimeError('pybind11::error_already_set: MISMATCH of original '
+                         'and normalized active exception types') from None
+  code = app.run_body('deeplab-export', ['prog'], body)
+  out, err = capsys.readouterr()
+  assert code == 143
+  assert json.loads(out.splitlines()[-1]) == {
+      'event': 'result', 'status': 'terminated',
+      'message': 'stopped by SIGTERM'}
+  assert 'Traceback' not in err
+
+
+def test_a_signal_after_the_result_keeps_the_commands_exit_code(tmp_path):
+  """A SIGTERM after the result line (the interpreter shutting down, a
+  second or so with TensorFlow) ended a finished export with 143."""
+  script = textwrap.dedent("""
+      import atexit, os, signal, time
+      from deeplab_train.cli import app
+      def late_signal():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+      atexit.register(late_signal)
+      app.start('deeplab-x', lambda argv: print('{"status": "ok"}'), 'doc')
+      """)
+  proc = subprocess.run([sys.executable, '-c', script], capture_output=True,
+                        text=True, env=tt.subprocess_env(), timeout=60,
+                        cwd=str(tmp_path))
+  assert (proc.returncode, proc.stdout) == (0, '{"status": "ok"}\n'), (
+      proc.stderr[-2000:])

@@ -90,6 +90,10 @@ def test_an_unknown_flag_exits_2_without_tensorflow(command):
   errors = [line for line in proc.stderr.splitlines()
             if 'no_such_flag' in line]
   assert errors and errors[0].startswith(command + ': '), proc.stderr
+  # The result line a script reads (only deeplab-train printed one).
+  assert json.loads(proc.stdout.splitlines()[-1]) == dict(
+      json.loads(proc.stdout.splitlines()[-1]), event='result',
+      status='bad_input', message="Unknown command line flag 'no_such_flag'")
   assert not imported, '%s imported TensorFlow for a bad flag' % command
 
 

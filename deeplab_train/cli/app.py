@@ -151,16 +151,20 @@ def run_body(command, argv, body, bad_input=None, flag_names=None):
     SIGINT stopped body() (raised in it as signals.Stopped, so that its
     cleanups run: temp files removed, child processes ended).
   """
+  code = None
   try:
     with signals.raised_in_main():
-      return _run_body(command, argv, body, bad_input, flag_names)
+      code = _run_body(command, argv, body, bad_input, flag_names)
   except signals.Stopped as e:
-    # Stopped where it was: the outputs finished so far stay, the one being
-    # written is not put in place (its temp is removed on the way out).
-    message = 'stopped by %s' % e.name
-    sys.stderr.write('%s: %s\n' % (command, message))
-    print_result(result_lib.STOPPED_NOW[e.name], message=message)
-    return signals.exit_code(e.signum)
+    if code is None:
+      # Stopped where it was: the outputs finished so far stay, the one
+      # being written is not put in place (its temp is removed on the way
+      # out).
+      message = 'stopped by %s' % e.name
+      sys.stderr.write('%s: %s\n' % (command, message))
+      print_result(result_lib.STOPPED_NOW[e.name], message=message)
+      return signals.exit_code(e.signum)
+  return code
 
 
 def _run_body(command, argv, body, bad_input, flag_names):
@@ -170,6 +174,9 @@ def _run_body(command, argv, body, bad_input, flag_names):
   except Reported as e:
     return e.exit_code
   except Exception as e:  # pylint: disable=broad-except
+    if signals.raised_signal() is not None:
+      # The stop, turned into another exception by TensorFlow's C++ code.
+      raise signals.Stopped(signals.raised_signal()) from None
     status = ('error' if isinstance(e, atomic.OutputNotWrittenError) else
               'locked' if isinstance(e, locking.FolderLockedError) else None)
     if status:
@@ -210,8 +217,9 @@ def flag_parser(command, on_bad_flags=None):
 
   Args:
     command: the command's name, for messages.
-    on_bad_flags: optional fn(message) called before exiting 2 on a bad
-      flag (e.g. to print the command's JSON result line).
+    on_bad_flags: fn(message) called before exiting 2 on a bad flag, to
+      print the command's JSON result line; None: the plain bad_input line
+      (a script reading the last line of stdout found none).
 
   Returns:
     fn(argv) -> the arguments left after the flags.
@@ -228,6 +236,8 @@ def flag_parser(command, on_bad_flags=None):
       sys.stderr.write('%s: %s (see --help)\n' % (command, message))
       if on_bad_flags is not None:
         on_bad_flags(message)
+      else:
+        print_result('bad_input', message=message)
       sys.exit(EXIT_BAD_INPUT)
   return parse
 
@@ -259,4 +269,8 @@ def start(command, main, doc, flag_modules=(), on_bad_flags=None):
   for name in flag_modules:
     for flag in FLAGS.get_key_flags_for_module(name):
       FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-  app.run(main, flags_parser=flag_parser(command, on_bad_flags))
+  def main_then_done(argv):
+    code = main(argv)
+    signals.exit_on_signal(code or EXIT_OK)
+    return code
+  app.run(main_then_done, flags_parser=flag_parser(command, on_bad_flags))

@@ -179,9 +179,40 @@ class Stopped(BaseException):
     super().__init__('stopped by %s' % self.name)
 
 
+# The signals raised as Stopped within the current `raised_in_main`.
+_raised = []
+
+
 def _raise_stopped(signum, frame):
   del frame
+  _raised.append(signum)
   raise Stopped(signum)
+
+
+def raised_signal():
+  """The last signal raised as Stopped within the current
+  `raised_in_main`, or None. A Stopped raised while TensorFlow's C++ code
+  hands an error back to Python comes out as another exception (pybind11's
+  RuntimeError 'MISMATCH ... REPLACED BY Stopped'): this tells the stop
+  from a failure."""
+  return _raised[-1] if _raised else None
+
+
+def exit_on_signal(code):
+  """From now on SIGTERM and SIGINT end the process at once with `code`:
+  the command's work is done and its result printed, and a signal during
+  the interpreter's shut-down (a second or so with TensorFlow) made a
+  finished command exit 143 / 130. Main thread only; else nothing."""
+  if threading.current_thread() is not threading.main_thread():
+    return
+
+  def end(signum, frame):
+    del signum, frame
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+  for sig in SIGNALS:
+    signal.signal(sig, end)
 
 
 @contextlib.contextmanager
@@ -198,6 +229,7 @@ def raised_in_main():
   if threading.current_thread() is not threading.main_thread():
     yield
     return
+  del _raised[:]
   previous = {sig: signal.signal(sig, _raise_stopped) for sig in SIGNALS}
   try:
     yield
