@@ -8,6 +8,8 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 from PIL import Image
@@ -320,6 +322,46 @@ def test_follow_mode_evaluates_each_new_checkpoint_once(tiny, tmp_path):
   assert [r['checkpoint'] for r in results] == [prefix7] + written
   assert results[0]['miou'] == results[1]['miou']
   assert clock[0] == 1 + 30  # one poll until step 8, then the timeout
+
+
+def test_follow_mode_started_before_the_run_takes_the_runs_options(
+    tiny, tmp_path, capsys):
+  """deeplab-eval started beside a training run, before its logdir has a
+  checkpoint (the original's workflow): the model options were settled from
+  the flags' defaults at start, and the run's first checkpoint was refused
+  as another network (exit 2, 'Without a deeplab_config.json'). Here the
+  checkpoint lands first and the run's config a second later."""
+  logdir = tmp_path / 'not_yet'
+
+  def training_run():
+    time.sleep(1.5)
+    logdir.mkdir()
+    _copy_checkpoint(tiny['checkpoint'], str(logdir), 0)
+    time.sleep(1)
+    shutil.copy(os.path.join(tiny['train'], config.RUN_CONFIG_FILENAME),
+                str(logdir))
+  thread = threading.Thread(target=training_run)
+  thread.start()
+  try:
+    code = et.run_cli(eval_cli, [
+        '--checkpoint_dir=%s' % logdir, '--dataset_dir=' + tiny['data'],
+        '--eval_interval_secs=0', '--max_number_of_evaluations=1'])
+  finally:
+    thread.join()
+  out = capsys.readouterr().out
+  assert code == 0, out
+  result = json.loads(out.splitlines()[-1])
+  assert result['checkpoint'] == str(logdir / 'model.ckpt-0')
+  # The default eval_logdir is the run's, as for a logdir that existed.
+  assert (logdir / 'eval').is_dir()
+
+  # No checkpoint within --eval_timeout_secs: it stops, exit 0, as after
+  # the last checkpoint of a run.
+  assert et.run_cli(eval_cli, [
+      '--checkpoint_dir=%s' % (tmp_path / 'never'),
+      '--dataset_dir=' + tiny['data'], '--eval_interval_secs=0',
+      '--eval_timeout_secs=1.5']) == 0
+  assert not (tmp_path / 'never').exists()
 
 
 def test_follow_mode_reads_a_checkpoint_deleted_after_it_was_chosen(

@@ -44,9 +44,11 @@ SIGINT, 1 unexpected error.
 import dataclasses
 import os
 import sys
+import time
 from typing import Optional
 
 from absl import flags
+from absl import logging
 
 from deeplab_train import atomic
 from deeplab_train import config
@@ -125,7 +127,49 @@ def _follow_mode():
 
 
 def _checkpoint_folder(path):
-  return path if os.path.isdir(path) else os.path.dirname(path)
+  if os.path.isdir(path) or (_follow_mode() and not _is_prefix_or_file(path)):
+    return path  # follow mode: a train logdir, which may not exist yet
+  return os.path.dirname(path)
+
+
+def _is_prefix_or_file(path):
+  return os.path.lexists(path) or os.path.exists(path + '.index')
+
+
+# Seconds follow mode waits for a run's deeplab_config.json once the first
+# checkpoint of a logdir it found without one has appeared: deeplab-train
+# writes it as its session starts, about when that checkpoint is saved.
+RUN_CONFIG_GRACE_SECS = 30
+
+
+def _first_checkpoint_came(folder, timeout_secs, poll_secs=1.0):
+  """Follow mode on a train logdir without a checkpoint yet (started
+  beside the training run, as the original's eval was): waits for the first
+  one, then briefly for the run's deeplab_config.json, so that the model
+  options come from the run (they were settled from the flags' defaults
+  at start, and the first checkpoint was refused as another network).
+
+  Returns:
+    False when `timeout_secs` (None: for ever) passed first.
+  """
+  # pylint: disable=g-import-not-at-top
+  import tensorflow.compat.v1 as tf
+  from deeplab_train.evaluation import eval_loop
+  if _is_prefix_or_file(folder) and not os.path.isdir(folder):
+    return True  # follow mode refuses it (it watches a directory)
+  if os.path.isdir(folder) and tf.train.latest_checkpoint(folder):
+    return True
+  logging.info('waiting for the first checkpoint in %s (its run\'s %s gives '
+               'the model options)', folder, config.RUN_CONFIG_FILENAME)
+  first = next(iter(eval_loop.watch_checkpoints(
+      folder, 0, timeout_secs, poll_secs=poll_secs)), None)
+  if first is None:
+    return False
+  run_config = os.path.join(folder, config.RUN_CONFIG_FILENAME)
+  deadline = time.monotonic() + RUN_CONFIG_GRACE_SECS
+  while not os.path.isfile(run_config) and time.monotonic() < deadline:
+    time.sleep(poll_secs)
+  return True
 
 
 def _exported_options():
@@ -164,7 +208,8 @@ def _exported_options():
 
 
 def options_from_flags():
-  """Flags (+ saved run config) -> an EvalJob.
+  """Flags (+ saved run config) -> an EvalJob; None in follow mode when
+  no first checkpoint came within --eval_timeout_secs.
 
   Raises:
     config.ConfigError: missing or contradicting flags.
@@ -177,6 +222,13 @@ def options_from_flags():
                        ' (the TFRecords folder)')
   checkpoint_dir = FLAGS.checkpoint_dir.rstrip('/') or '/'
   folder = _checkpoint_folder(checkpoint_dir)
+  eval_logdir = FLAGS.eval_logdir or os.path.join(folder, 'eval')
+  # Checked now, not after the whole evaluation (or the wait for it).
+  output_paths.check_output_folder('eval_logdir', eval_logdir)
+  output_paths.check_output_file('eval_result_json', FLAGS.eval_result_json)
+  if _follow_mode() and not _first_checkpoint_came(
+      folder, FLAGS.eval_timeout_secs):
+    return None
   saved_model, saved_pre, saved_dataset = inference_flags.saved_run_config(
       folder if os.path.isdir(folder) else None)
   info = datasets.load_dataset_info(common_flags.dataset_name(saved_dataset),
@@ -193,10 +245,6 @@ def options_from_flags():
       max_number_of_evaluations=FLAGS.max_number_of_evaluations,
       timeout_secs=FLAGS.eval_timeout_secs,
       result_json=FLAGS.eval_result_json).validate()
-  eval_logdir = FLAGS.eval_logdir or os.path.join(folder, 'eval')
-  # Checked now, not after the whole evaluation.
-  output_paths.check_output_folder('eval_logdir', eval_logdir)
-  output_paths.check_output_file('eval_result_json', FLAGS.eval_result_json)
   return EvalJob(
       checkpoint_dir=checkpoint_dir,
       eval_logdir=eval_logdir,
@@ -275,6 +323,10 @@ def evaluate_flags():
   """The evaluation the flags ask for; the metrics are printed even when
   they cannot be written (then exit 1)."""
   job = options_from_flags()  # raises no ResultNotWrittenError
+  if job is None:
+    logging.info('no checkpoint in %s within --eval_timeout_secs=%g; '
+                 'stopping', FLAGS.checkpoint_dir, FLAGS.eval_timeout_secs)
+    return []
   # pylint: disable-next=g-import-not-at-top
   from deeplab_train.evaluation import eval_loop
   try:
