@@ -273,7 +273,10 @@ def _first_meaningful_line(message):
            if line.strip()]
   for line in lines:
     if 'larger than the export crop size' in line:
-      return line[line.index('input image'):] if 'input image' in line else line
+      if 'input image' in line:
+        line = line[line.index('input image'):]
+      # Its own message, without TensorFlow's '] [Condition x <= y ...'.
+      return line.split(']', 1)[0]
   generic = ('Graph execution error:', 'Detected at node')
   meaningful = [line for line in lines if not line.startswith(generic)]
   return (meaningful or lines or ['unknown error'])[0]
