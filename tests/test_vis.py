@@ -115,6 +115,25 @@ def test_image_dir_cityscapes_colours_and_limit(tiny, tmp_path, capsys):
   capsys.readouterr()
 
 
+def test_image_dir_beside_dataset_dir_is_named(tiny, tmp_path, caplog):
+  """With both, the folder's images are drawn: --vis_split was silently
+  not read."""
+  photos = tmp_path / 'photos'
+  photos.mkdir()
+  Image.fromarray(et.tiny_images()[0][1]).save(photos / 'one.png')
+  out = tmp_path / 'vis'
+  with caplog.at_level('WARNING'):
+    assert et.run_cli(vis_cli, ['--checkpoint_dir=' + tiny['checkpoint'],
+                                '--image_dir=%s' % photos,
+                                '--dataset_dir=' + tiny['data'],
+                                '--vis_logdir=%s' % out]) == 0
+  assert ('drawing the images of --image_dir=%s; --dataset_dir=%s gives only '
+          'the classes and their colours (its split val is not drawn)'
+          % (photos, tiny['data'])) in caplog.text
+  assert sorted(os.listdir(out / vis.SEMANTIC_FOLDER)) == [
+      'one_image.png', 'one_prediction.png']
+
+
 def test_image_dir_with_resize_keeps_input_size(tiny, tmp_path):
   photos = tmp_path / 'big'
   photos.mkdir()

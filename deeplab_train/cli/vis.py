@@ -148,6 +148,11 @@ def options_from_flags():
                          '--exported_model)')
   common_flags.require(FLAGS.vis_logdir, 'vis_logdir')
   output_paths.check_output_folder('vis_logdir', FLAGS.vis_logdir)
+  if FLAGS.image_dir and FLAGS.dataset_dir:
+    logging.warning('drawing the images of --image_dir=%s; --dataset_dir=%s '
+                    'gives only the classes and their colours (its split '
+                    '%s is not drawn)', FLAGS.image_dir, FLAGS.dataset_dir,
+                    FLAGS.vis_split)
   if FLAGS.max_number_of_iterations != 1:
     logging.warning('--max_number_of_iterations=%d ignored: deeplab-vis '
                     'visualises the latest checkpoint once',
