@@ -171,6 +171,31 @@ def test_contradicting_model_flag_on_resume(tmp_path, records):
   assert '--depth_multiplier=0.5 (trained with 0.25)' in result['message']
 
 
+def test_a_checkpoint_of_another_shape_without_saved_options_is_refused(
+    tmp_path, records):
+  """A logdir without deeplab_config.json (e.g. the original's) takes the
+  model flags. Flags of another network: the restore passed, the run saved
+  its options, and its first step failed (exit 1, a 4.9 KB TensorFlow
+  trace); the run with the right flags was then refused for contradicting
+  them. Now exit 2 before any session, the folder left as it was."""
+  logdir = tmp_path / 'log'
+  assert _main(_args(tmp_path, records, '--training_number_of_steps=1'))[
+      0] == 0
+  (logdir / config.RUN_CONFIG_FILENAME).unlink()
+  before = sorted(os.listdir(logdir))
+  code, result = _main(_args(tmp_path, records, '--depth_multiplier=0.5',
+                             '--training_number_of_steps=2'))
+  assert (code, result['status']) == (2, 'bad_input')
+  assert result['message'].startswith(
+      'the last checkpoint in %s (model.ckpt-1) holds ' % logdir)
+  assert ('e.g. MobilenetV2/Conv/weights: [3, 3, 3, 8] in the checkpoint, '
+          '[3, 3, 3, 16] here. It was trained with other model flags '
+          '(--model_variant, --depth_multiplier, ') in result['message']
+  assert sorted(os.listdir(logdir)) == before
+  code, result = _main(_args(tmp_path, records, '--training_number_of_steps=2'))
+  assert (code, result['global_step']) == (0, 2)
+
+
 def test_saved_config_without_a_checkpoint_takes_new_model_flags(tmp_path,
                                                                  records):
   """A run stopped before its first checkpoint may start with others."""

@@ -274,6 +274,8 @@ class TrainingRun:
     if self.stop.reason:
       return self._stopped_before_training(start_step, latest)
     g = self._training_graph(init)
+    if latest and self.role.decides_weights:
+      _check_shapes_resumable(latest, g.graph, spec.run_options.train_logdir)
     logging.info('Training %s from step %d to %d: batch %d on %d tower(s), '
                  'crop %s, output stride %d', spec.model_options.model_variant,
                  start_step, last_step, spec.train_options.train_batch_size,
@@ -613,6 +615,31 @@ class TrainingRun:
 
 # TensorFlow's words for a variable that a restored checkpoint lacks.
 _NOT_IN_CHECKPOINT = re.compile(r'Key (\S+) not found in checkpoint')
+
+
+def _check_shapes_resumable(checkpoint, graph, logdir):
+  """Raises ConfigError when the logdir's last checkpoint holds variables
+  of this run's graph with another shape: it was trained with other model
+  flags (a logdir without deeplab_config.json, e.g. the original's, takes
+  the flags). Before, the restore passed, the run wrote its options to
+  deeplab_config.json, and its first step failed (exit 1, a TensorFlow
+  trace); the next run with the right flags was then refused."""
+  shapes = restore.checkpoint_reader(checkpoint).get_variable_to_shape_map()
+  with graph.as_default():
+    reshaped = [(v.op.name, shapes[v.op.name], v.shape.as_list())
+                for v in tf.global_variables()
+                if v.op.name in shapes
+                and list(shapes[v.op.name]) != v.shape.as_list()]
+  if reshaped:
+    name, saved, built = reshaped[0]
+    raise config.ConfigError(
+        'the last checkpoint in %s (%s) holds %d variable(s) of another shape '
+        'than this run\'s graph, e.g. %s: %s in the checkpoint, %s here. It '
+        'was trained with other model flags ({ModelOptions.model_variant}, '
+        '{ModelOptions.depth_multiplier}, {ModelOptions.atrous_rates}, '
+        '{ModelOptions.decoder_output_stride}, ...): pass those, or start a '
+        'new {RunOptions.train_logdir}', logdir, os.path.basename(checkpoint),
+        len(reshaped), name, list(saved), built)
 
 
 def _check_cluster_run(run_options):
