@@ -21,6 +21,12 @@ die() {
   exit "${2:-1}"
 }
 
+# A bad command line ($1 says what): `die`, unless the script defines its
+# own (cron_retrain.sh prints its JSON summary first).
+usage_error() {
+  die "$1"
+}
+
 # Logs a command (shell-quoted, so it can be pasted) and runs it.
 run() {
   log "+ $(printf '%q ' "$@")"
@@ -123,7 +129,7 @@ parse_options() {
       usage
       exit 0
     elif [[ -n $arg && -n ${_variables[$arg]:-} ]]; then
-      (($#)) || die "$arg needs a value (see -h)"
+      (($#)) || usage_error "$arg needs a value (see -h)"
       printf -v "${_variables[$arg]}" '%s' "$1"
       shift
     else

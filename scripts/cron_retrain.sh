@@ -88,7 +88,17 @@ declare -A OPTIONS=([--data_dir]=DATA_DIR [--work_dir]=WORK_DIR
 
 parse_args() {
   parse_options OPTIONS "$@"
-  ((${#POSITIONAL[@]} == 0)) || die "unknown argument '${POSITIONAL[0]}' (see -h)"
+  ((${#POSITIONAL[@]} == 0)) ||
+    usage_error "unknown argument '${POSITIONAL[0]}' (see -h)"
+}
+
+# A bad command line: the round's summary line too, as for bad settings (a
+# typo in a crontab line left a monitor nothing to read).
+usage_error() {
+  policy summary --exit_code="$EXIT_FAILURE" --status=failed --log_file= \
+    --message="$1" ||
+    printf '{"status": "failed", "exit_code": %d, "log": ""}\n' "$EXIT_FAILURE"
+  die "$1"
 }
 
 set_defaults() {

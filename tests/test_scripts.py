@@ -61,6 +61,20 @@ def test_unknown_option_is_refused(name, tmp_path):
   assert "unknown" in proc.stderr and '--no_such_option' in proc.stderr
 
 
+@pytest.mark.parametrize('args,message', [
+    (['--no_such_option'], "unknown argument '--no_such_option' (see -h)"),
+    (['--steps'], '--steps needs a value (see -h)'),
+])
+def test_cron_bad_command_line_prints_the_summary_line(tmp_path, args,
+                                                       message):
+  """A typo in a crontab line printed nothing on stdout: a monitor reading
+  the summary line had none."""
+  proc = fake_voc.run_script('cron_retrain.sh', '--work_dir', tmp_path, *args)
+  assert proc.returncode == 1
+  assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
+      'status': 'failed', 'exit_code': 1, 'message': message, 'log': ''}
+
+
 def test_cron_requires_data_and_work_dir(tmp_path):
   proc = fake_voc.run_script('cron_retrain.sh', '--work_dir', tmp_path,
                              env=fake_voc.script_env(DATA_DIR=''))
