@@ -403,6 +403,8 @@ GOOD_SETTINGS = dict(DATA_DIR='d', WORK_DIR='w', NUM_CLASSES='21',
     ('NUM_SHARDS', '-1', "NUM_SHARDS must be a non-negative integer, got '-1'"),
     ('KEEP_LOGS', '3.0', "KEEP_LOGS must be a non-negative integer, got '3.0'"),
     ('MAX_TOTAL_STEPS', '0', 'MAX_TOTAL_STEPS must be at least 1'),
+    ('MAX_RUN_SECONDS', '0', 'MAX_RUN_SECONDS must be at least 1'),
+    ('NUM_SHARDS', '0', 'NUM_SHARDS must be at least 1'),
     ('TRAIN_ONLY_ON_NEW_DATA', 'yes', 'TRAIN_ONLY_ON_NEW_DATA must be 0 or 1'),
     ('MIOU_MARGIN', '-0.1', "--margin must be a non-negative number, got "
      "'-0.1'"),

@@ -53,8 +53,12 @@ def problem(settings):
     value = settings.get(name, '')
     if not re.fullmatch('[0-9]+', value):
       return "%s must be a non-negative integer, got '%s'" % (name, value)
-  if int(settings['MAX_TOTAL_STEPS']) < 1:
-    return 'MAX_TOTAL_STEPS must be at least 1'
+  # The commands refuse 0 for each (deeplab-train --max_run_seconds=0 once
+  # the round held its lock).
+  for name in ('NUM_CLASSES', 'NUM_SHARDS', 'MAX_TOTAL_STEPS',
+               'MAX_RUN_SECONDS'):
+    if int(settings[name]) < 1:
+      return '%s must be at least 1' % name
   layout = settings.get('DATA_LAYOUT')
   if layout not in data_folder.LAYOUTS:
     return "DATA_LAYOUT must be %s, got '%s'" % (
