@@ -498,3 +498,33 @@ def test_what_killed_saves_left_is_removed_on_resume(tmp_path, caplog):
       caplog.text)
   assert 'pins that killed readers left in %s: %s' % (tmp_path, pins[0]) in (
       caplog.text)
+
+
+def test_stopped_at_once_before_the_session_names_the_checkpoint_it_resumes(
+    monkeypatch):
+  """A second SIGTERM after the graph was built, before the session: the
+  result said "checkpoint": null and 'none written yet' while the logdir's
+  checkpoint, from which the next run resumes, was there."""
+  latest = '/runs/log/model.ckpt-77'
+  spec = run_lib.RunSpec(
+      model_options=tt.tiny_model_options(),
+      train_options=config.TrainOptions(training_number_of_steps=100),
+      run_options=config.RunOptions(train_logdir='/runs/log'),
+      ignore_label=255, input_fn=None)
+  run = run_lib.TrainingRun(spec)
+
+  class SecondSignal(Exception):
+    pass
+
+  def graph_built(init):
+    del init
+    raise SecondSignal  # where the signal is handled: any moment now
+  monkeypatch.setattr(run, '_starting_point', lambda: (latest, 77, None))
+  monkeypatch.setattr(run, '_training_graph', graph_built)
+  with pytest.raises(SecondSignal):
+    run._train_locked()  # pylint: disable=protected-access
+  result = run.stopped_now('terminated', 'signal:SIGTERM')
+  assert (result.checkpoint, result.global_step) == (latest, 77)
+  assert result.message == (
+      'stopped at once (signal:SIGTERM again) after step 77; training '
+      'resumes from the last checkpoint (%s)' % latest)

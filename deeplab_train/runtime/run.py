@@ -171,6 +171,7 @@ class TrainingRun:
     self.signals = hooks_lib.SignalStopHook(self.stop)
     # What `stopped_now` reports, kept up to date as the run goes on.
     self._start_step = None
+    self._start_checkpoint = None  # the logdir's latest when the run began
     self._hooks_now = None
     # The validation history and best read back (validating runs only).
     self._validation = None
@@ -189,12 +190,13 @@ class TrainingRun:
   def stopped_now(self, status, reason, why=None):
     """The result of a run ended at once (a second signal, or `why`), from
     any thread: the last step done and the last checkpoint written."""
-    hooks, step, checkpoint = self._hooks_now, self._start_step, None
+    hooks, step = self._hooks_now, self._start_step
+    checkpoint = self._start_checkpoint
     if hooks is not None:
       if hooks.progress.step is not None:
         step = hooks.progress.step
       if hooks.checkpoints is not None:
-        checkpoint = hooks.checkpoints.last_checkpoint
+        checkpoint = hooks.checkpoints.last_checkpoint or checkpoint
     loss = hooks.progress.loss if hooks is not None else None
     if self.role.decides_weights:
       resumes = ('training resumes from the last checkpoint (%s)'
@@ -247,6 +249,7 @@ class TrainingRun:
     spec = self.spec
     latest, start_step, init = self._starting_point()
     self._start_step = start_step
+    self._start_checkpoint = latest
     target = spec.train_options.training_number_of_steps
     if start_step >= target:
       scored = ''
