@@ -27,10 +27,36 @@ usage_error() {
   die "$1"
 }
 
-# Logs a command (shell-quoted, so it can be pasted) and runs it.
+# Logs a command (shell-quoted, so it can be pasted) and runs it; returns
+# its exit status. A SIGTERM, SIGINT or SIGHUP meanwhile is handed on to the
+# command (SIGHUP as SIGTERM; deeplab-train takes the copy a signal sent to
+# the whole process group also brings as the same one), and the script waits
+# for the command to end (deeplab-train saves its final checkpoint) before
+# the signal ends the script as it would have: its trap, else exit 128+N.
+# Before, bash exited at once while the command ran on, never told of a
+# signal sent to the script alone.
 run() {
   log "+ $(printf '%q ' "$@")"
-  "$@"
+  local child status=0 signal='' interrupted traps
+  traps=$(trap -p TERM INT HUP)
+  "$@" &
+  child=$!
+  trap 'signal=TERM interrupted=1; kill -TERM "$child" 2>/dev/null || true' TERM
+  trap 'signal=INT interrupted=1; kill -INT "$child" 2>/dev/null || true' INT
+  trap 'signal=HUP interrupted=1; kill -TERM "$child" 2>/dev/null || true' HUP
+  while :; do
+    interrupted=''
+    wait "$child" && status=0 || status=$?
+    # A trap that ran ended the wait, not the command: wait again.
+    [[ -n $interrupted ]] || break
+  done
+  trap - TERM INT HUP
+  eval "$traps"
+  if [[ -n $signal ]]; then
+    log "stopped by SIG$signal; the command ended with exit status $status"
+    kill -s "$signal" "$BASHPID"
+  fi
+  return "$status"
 }
 
 # Exits with a clear message when a command is not on PATH.

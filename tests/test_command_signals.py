@@ -133,3 +133,24 @@ def test_a_signal_after_the_result_keeps_the_commands_exit_code(tmp_path):
                         cwd=str(tmp_path))
   assert (proc.returncode, proc.stdout) == (0, '{"status": "ok"}\n'), (
       proc.stderr[-2000:])
+
+
+def test_a_second_signal_does_not_break_into_the_cleanup(capsys):
+  """The copy of a SIGTERM that a wrapper script hands on (its process
+  group got the first) was raised again inside the cleanup the first one
+  started: temp files stayed, and the command ended with a traceback."""
+  cleaned = []
+
+  def body():
+    try:
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(30)
+    finally:
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(0.2)   # the handler runs in here
+      cleaned.append(True)
+  code = app.run_body('deeplab-export', ['prog'], body)
+  out, err = capsys.readouterr()
+  assert (code, cleaned) == (143, [True])
+  assert json.loads(out.splitlines()[-1])['status'] == 'terminated'
+  assert 'Traceback' not in err

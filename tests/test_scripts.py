@@ -12,7 +12,9 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
+import time
 import zipfile
 
 import numpy as np
@@ -749,3 +751,51 @@ def test_cron_retrains_on_a_cityscapes_root(tmp_path):
   assert proc.returncode == 1, fake_voc.describe(proc)
   assert summary['message'].startswith(
       '%s is missing (expected a Cityscapes root' % missing)
+
+
+_FAKE_COMMAND = '''
+count=0
+trap 'count=$((count + 1)); echo "TERM $count" >> "$LOG"' TERM
+echo started >> "$LOG"
+for _ in $(seq 100); do
+  sleep 0.1
+  if ((count)); then break; fi
+done
+sleep 0.3
+echo "done $count" >> "$LOG"
+'''
+
+
+@pytest.mark.parametrize('caller_trap,code,last', [
+    ('trap "echo trapped >> \\"\\$LOG\\"; exit 7" TERM', 7, ['trapped']),
+    ('', -signal.SIGTERM, []),
+])
+def test_run_hands_a_signal_on_and_waits_for_the_command(tmp_path,
+                                                         caller_trap, code,
+                                                         last):
+  """common.sh's `run` (every script's commands): a SIGTERM to the script
+  alone reached neither deeplab-train, which trained on (or the script
+  waited for it, with a trap set), nor a script without a trap, which
+  exited at once. The command now gets it once and ends first; then the
+  signal ends the script as it would have."""
+  log = tmp_path / 'log.txt'
+  (tmp_path / 'command.sh').write_text(_FAKE_COMMAND)
+  (tmp_path / 'script.sh').write_text(
+      'set -euo pipefail\nsource %s\n%s\nrun bash %s\necho after >> "$LOG"\n'
+      % (fake_voc.SCRIPTS / 'common.sh', caller_trap,
+         tmp_path / 'command.sh'))
+  proc = subprocess.Popen(['bash', str(tmp_path / 'script.sh')],
+                          env=dict(os.environ, LOG=str(log)),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          start_new_session=True)
+  try:
+    deadline = time.time() + 30
+    while not (log.exists() and 'started' in log.read_text()):
+      assert time.time() < deadline and proc.poll() is None
+      time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)   # to the script, not its group
+    assert proc.wait(timeout=30) == code
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  assert log.read_text().splitlines() == ['started', 'TERM 1', 'done 1'] + last

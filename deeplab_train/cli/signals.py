@@ -5,7 +5,10 @@ script, cli/launch.py), so a signal during the import or the flag checks is
 not lost: the first one is kept as `pending` and handed to the run when it
 starts (`connect`), which then stops cleanly (final checkpoint, exit 0).
 
-A second signal of the same kind means "stop now". Python runs its signal
+A second signal of the same kind means "stop now", unless it comes within
+DUPLICATE_SECS of the first: then it is the same signal sent twice (to the
+process group and handed on by a wrapper script, or by a batch system to
+every process of a job). Python runs its signal
 handlers only when the main thread is back in the interpreter, never in the
 middle of a session step, so the signals also go to a wake-up socket read by
 a thread: on the second one it calls the command's `on_stop_now(signum)`
@@ -28,8 +31,13 @@ import signal
 import socket
 import sys
 import threading
+import time
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# A signal of the kind received less than this many seconds before is the
+# same one sent twice (to the process group and handed on by a wrapper
+# script, or by a batch system to every process of a job), not "stop now".
+DUPLICATE_SECS = 1.0
 # What the first signal does, said on stderr (% the signal's name).
 FIRST_NOTICE = ('%s received: stopping after the current step with a final '
                 'checkpoint (send it again to stop at once)')
@@ -54,6 +62,7 @@ class ProcessSignals:
 
   def __init__(self):
     self.pending = None
+    self._pending_since = None
     self._first_notice = FIRST_NOTICE
     self._on_first = None
     self._on_stop_now = None
@@ -119,8 +128,15 @@ class ProcessSignals:
     with self._lock:
       first = self.pending is None
       second = self.pending == name
+      if second and time.monotonic() - self._pending_since < DUPLICATE_SECS:
+        sys.stderr.write('%s received again within %g s: taken as the same '
+                         'one (send it again to stop at once)\n'
+                         % (name, DUPLICATE_SECS))
+        sys.stderr.flush()
+        return
       if first:
         self.pending = name
+        self._pending_since = time.monotonic()
       on_first, on_stop_now = self._on_first, self._on_stop_now
       notice = self._first_notice
     if first:
@@ -186,7 +202,10 @@ _raised = []
 def _raise_stopped(signum, frame):
   del frame
   _raised.append(signum)
-  raise Stopped(signum)
+  if len(_raised) == 1:
+    # Once: a second signal (the copy a wrapper script hands on) must not
+    # break into the cleanup the first one started.
+    raise Stopped(signum)
 
 
 def raised_signal():

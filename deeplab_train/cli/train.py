@@ -60,9 +60,10 @@ Exit codes:
   2   bad flags or input (one-line message; no traceback)
   3   non-finite loss (no checkpoint of the broken step is written)
   75  the logdir is locked by a live run (the message names its pid)
-  143 / 130  a second SIGTERM / SIGINT: stopped at once, without a final
-      checkpoint (status terminated / interrupted; the last checkpoint
-      written is intact and the next run resumes from it)
+  143 / 130  a second SIGTERM / SIGINT (a second or more after the first;
+      sooner, it is the same one sent twice): stopped at once, without a
+      final checkpoint (status terminated / interrupted; the last
+      checkpoint written is intact and the next run resumes from it)
 
 A first SIGTERM/SIGINT is honoured from the first second (also while
 TensorFlow loads). A checkpoint that cannot be saved (full disk) ends the run
