@@ -40,9 +40,9 @@ def read_image(path):
   of a phone's multi-picture JPEG (MPO), the first picture's bytes, which
   are a JPEG of their own (its other pictures are previews or the other
   eye); anything else (16-bit grey PNGs included, scaled to 8 bits) is
-  re-encoded as an RGB PNG so the reader can decode it. The pixels are stored as the
-  file holds them, whatever its EXIF orientation (TensorFlow's decoders,
-  and so the original DeepLab, ignore it too).
+  re-encoded as an RGB PNG so the reader can decode it. The pixels are
+  stored as the file holds them, whatever its EXIF orientation
+  (TensorFlow's decoders, and so the original DeepLab, ignore it too).
 
   Returns:
     (encoded bytes, format 'jpeg' or 'png', height, width, EXIF orientation

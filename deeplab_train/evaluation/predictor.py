@@ -148,17 +148,19 @@ def check_checkpoint_matches(checkpoint_path, variables):
                               config.RUN_CONFIG_FILENAME)
     if os.path.isfile(run_config):
       advice = ('The model options were read from %s beside it: does that '
-                'file belong to another run?' % run_config)
+                'file belong to another run?')
     else:
       advice = ('Without a %s beside the checkpoint, pass the model flags it '
                 'was trained with ({ModelOptions.model_variant}, '
                 '{ModelOptions.output_stride}, {ModelOptions.atrous_rates}, '
                 '{ModelOptions.decoder_output_stride}, '
-                '{ModelOptions.depth_multiplier}, number of classes ...)'
-                % config.RUN_CONFIG_FILENAME)
+                '{ModelOptions.depth_multiplier}, number of classes ...)')
+      run_config = config.RUN_CONFIG_FILENAME
+    # Paths and names go in as values, never into the template.
     raise CheckpointMismatchError(
         'checkpoint %s does not match the network built from the model '
-        'options (%s). %s' % (checkpoint_path, '; '.join(details), advice))
+        'options (%s). ' + advice, checkpoint_path, '; '.join(details),
+        run_config)
 
 
 def build_predictions(images, model_options, inference):
