@@ -134,6 +134,38 @@ def test_image_dir_beside_dataset_dir_is_named(tiny, tmp_path, caplog):
       'one_image.png', 'one_prediction.png']
 
 
+def test_image_dir_draws_past_an_unreadable_file_and_other_formats(
+    tiny, tmp_path, capsys):
+  """One unreadable file stopped the whole folder (exit 2 after the images
+  before it), and .webp/.bmp/.tif photos were skipped without a word. Now
+  every readable image is drawn, then exit 2 names the unreadable ones."""
+  photos = tmp_path / 'photos'
+  photos.mkdir()
+  image = et.tiny_images()[0][1]
+  Image.fromarray(image).save(photos / 'a.webp', lossless=True)
+  (photos / 'b.jpg').write_bytes(b'not a picture')
+  Image.fromarray(image).save(photos / 'c.bmp')
+  Image.fromarray(image).save(photos / 'd.tif')
+  out = tmp_path / 'vis'
+  assert et.run_cli(vis_cli, ['--checkpoint_dir=' + tiny['checkpoint'],
+                              '--image_dir=%s' % photos,
+                              '--vis_logdir=%s' % out]) == 2
+  err = capsys.readouterr().err.splitlines()[-1]
+  assert err.startswith(
+      'deeplab-vis: error: 1 file(s) of --image_dir could not be read and '
+      'were skipped, after 3 image(s) were drawn to %s: %s (' % (
+          out, photos / 'b.jpg'))
+  assert err.endswith('); replace or remove them')
+  assert sorted(os.listdir(out / vis.SEMANTIC_FOLDER)) == [
+      '%s_%s.png' % (stem, kind) for stem in 'acd'
+      for kind in ('image', 'prediction')]
+  labels = _predict(tiny['checkpoint'], [image])[0]
+  for stem in 'acd':
+    np.testing.assert_array_equal(
+        et.read_png(out / vis.SEMANTIC_FOLDER / ('%s_prediction.png' % stem)),
+        colormap.get_colormap('pascal')[labels])
+
+
 def test_image_dir_with_resize_keeps_input_size(tiny, tmp_path):
   photos = tmp_path / 'big'
   photos.mkdir()

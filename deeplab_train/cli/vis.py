@@ -58,8 +58,10 @@ _VIS_TABLE = (
     ('string', 'vis_logdir', None, 'Where to write the PNGs.'),
     ('string', 'vis_split', 'val', 'Which split of the dataset is visualised.'),
     ('string', 'image_dir', None,
-     'Visualise the .jpg/.png files of this folder instead of a split (no '
-     '--dataset_dir needed with a saved config).'),
+     'Visualise the image files of this folder (.jpg, .png, .bmp, .webp, '
+     '.tif) instead of a split (no --dataset_dir needed with a saved '
+     'config). A file that cannot be read is skipped: the others are '
+     'drawn, then the command exits 2 naming it.'),
     ('integer', 'vis_batch_size', 1, 'The number of images in each batch.'),
     ('list', 'vis_crop_size', None,
      'Pad every image to this HEIGHT,WIDTH. Unset: pad each image only to '
@@ -198,8 +200,9 @@ def options_from_flags():
       split=FLAGS.vis_split, **exported)
 
 
-def _samples(job):
-  """The images to draw: the image folder's, or the split's."""
+def _samples(job, unreadable):
+  """The images to draw: the image folder's (its unreadable files listed
+  in `unreadable` and skipped), or the split's."""
   # pylint: disable=g-import-not-at-top
   from deeplab_train.evaluation import eval_loop
   from deeplab_train.evaluation import vis
@@ -207,14 +210,19 @@ def _samples(job):
   mean_pixel = registry.mean_pixel(job.model_options.model_variant)
   if job.image_dir:
     return vis.iterate_image_dir(job.image_dir, job.preprocess_options,
-                                 mean_pixel)
+                                 mean_pixel, unreadable)
   return eval_loop.iterate_split(
       job.dataset_dir, job.split, job.dataset_info, job.preprocess_options,
       mean_pixel, keep_original_image=True, with_label=False)
 
 
 def run_vis(job):
-  """Writes the PNGs; returns the number of images."""
+  """Writes the PNGs; returns the number of images.
+
+  Raises:
+    config.ConfigError: files of --image_dir that could not be read, once
+      the others are drawn (a folder stopped at its first such file).
+  """
   # pylint: disable=g-import-not-at-top
   from deeplab_train.evaluation import predictor as predictor_lib
   from deeplab_train.evaluation import vis
@@ -226,7 +234,8 @@ def run_vis(job):
   # label ids, so raw predictions are mapped (as the original vis).
   eval_ids = (datasets.CITYSCAPES_TRAIN_ID_TO_LABEL_ID
               if info.name == 'cityscapes' else None)
-  samples = _samples(job)
+  unreadable = []
+  samples = _samples(job, unreadable)
   if job.exported_model:
     model = loaded.open_exported(
         job.exported_model,
@@ -240,11 +249,18 @@ def run_vis(job):
                               common_flags.classes_source(job.dataset_dir))
     else:
       model.restore(job.checkpoint)
-    return vis.visualize(model, samples, job.vis_logdir, colormap,
-                         job.vis_options, batch_size=job.batch_size,
-                         train_id_to_eval_id=eval_ids,
-                         class_names=info.class_names,
-                         num_classes=job.model_options.num_classes)
+    count = vis.visualize(model, samples, job.vis_logdir, colormap,
+                          job.vis_options, batch_size=job.batch_size,
+                          train_id_to_eval_id=eval_ids,
+                          class_names=info.class_names,
+                          num_classes=job.model_options.num_classes)
+  if unreadable:
+    raise config.ConfigError(
+        '%d file(s) of --image_dir could not be read and were skipped, after '
+        '%d image(s) were drawn to %s: %s; replace or remove them',
+        len(unreadable), count, job.vis_logdir, '; '.join(unreadable[:5]) + (
+            '; ...' if len(unreadable) > 5 else ''))
+  return count
 
 
 def _vis():

@@ -37,7 +37,9 @@ SEMANTIC_FOLDER = 'segmentation_results'
 RAW_FOLDER = 'raw_segmentation_results'
 OVERLAY_FOLDER = 'overlay_results'
 LEGEND_FILENAME = 'legend.png'
-IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
+# The files of an image folder drawn (what Pillow reads and cameras,
+# scanners and editors write).
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.webp', '.tif', '.tiff')
 
 _log = logging.getLogger(__name__)
 
@@ -118,8 +120,10 @@ class _UniqueStems:
     return stem if count == 1 else '%s_%d' % (stem, count)
 
 
-def iterate_image_dir(image_dir, preprocess_options, mean_pixel):
-  """Yields the JPEG/PNG files of a folder (sorted) as samples.
+def iterate_image_dir(image_dir, preprocess_options, mean_pixel,
+                      unreadable=None):
+  """Yields the image files of a folder (IMAGE_EXTENSIONS, sorted) as
+  samples.
 
   Args:
     image_dir: folder of images.
@@ -127,6 +131,9 @@ def iterate_image_dir(image_dir, preprocess_options, mean_pixel):
       training, so the network sees what it was trained on).
     mean_pixel: unused (the predictor pads); kept so both sample sources
       take the same arguments.
+    unreadable: a list to append 'PATH (REASON)' to for each file that
+      cannot be read, which is then skipped with a warning; None: such a
+      file raises ConfigError.
 
   Yields:
     {'image': float32 [h, w, 3], 'label': None, 'name': file name,
@@ -143,8 +150,8 @@ def iterate_image_dir(image_dir, preprocess_options, mean_pixel):
                  if f.lower().endswith(IMAGE_EXTENSIONS) and
                  not f.startswith('.'))
   if not files:
-    raise config.ConfigError('no .jpg/.jpeg/.png files in '
-                             '{iterate_image_dir.image_dir}=%s', image_dir)
+    raise config.ConfigError('no %s files in {iterate_image_dir.image_dir}=%s',
+                             '/'.join(IMAGE_EXTENSIONS), image_dir)
   with _Resizer(preprocess_options) as resize:
     for name in files:
       path = os.path.join(image_dir, name)
@@ -152,8 +159,13 @@ def iterate_image_dir(image_dir, preprocess_options, mean_pixel):
         with Image.open(path) as im:
           original = np.asarray(pil_images.to_rgb(im))
       except pil_images.READ_ERRORS as e:
-        raise config.ConfigError('cannot read image %s: %s' % (
-            path, pil_images.read_error_reason(e))) from None
+        reason = pil_images.read_error_reason(e)
+        if unreadable is None:
+          raise config.ConfigError('cannot read image %s: %s', path,
+                                   reason) from None
+        _log.warning('skipping %s: cannot read it (%s)', path, reason)
+        unreadable.append('%s (%s)' % (path, reason))
+        continue
       yield {'image': resize(original), 'label': None, 'name': name,
              'height': original.shape[0], 'width': original.shape[1],
              'original_image': original}
