@@ -220,3 +220,21 @@ def checkpoint_reader(prefix):
     if _gone(path, tf):
       raise CheckpointGoneError(prefix) from None
     raise
+
+
+def compare_shapes(prefix, variables):
+  """How the checkpoint `prefix` fits `variables` (tf.Variables).
+
+  Returns:
+    (names of the variables it lacks, [(name, its shape in the checkpoint,
+    the variable's shape)] of those it holds with another shape).
+  """
+  shapes = checkpoint_reader(prefix).get_variable_to_shape_map()
+  missing, reshaped = [], []
+  for var in variables:
+    name = var.op.name
+    if name not in shapes:
+      missing.append(name)
+    elif list(shapes[name]) != var.shape.as_list():
+      reshaped.append((name, list(shapes[name]), var.shape.as_list()))
+  return missing, reshaped

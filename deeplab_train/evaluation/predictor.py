@@ -126,16 +126,8 @@ def check_checkpoint_matches(checkpoint_path, variables):
     checkpoint_path: a checkpoint prefix.
     variables: the graph's tf.Variables to restore.
   """
-  shapes = restore_lib.checkpoint_reader(
-      checkpoint_path).get_variable_to_shape_map()
-  missing, reshaped = [], []
-  for var in variables:
-    name = var.op.name
-    if name not in shapes:
-      missing.append(name)
-    elif list(shapes[name]) != var.shape.as_list():
-      reshaped.append('%s: checkpoint %s, network %s'
-                      % (name, shapes[name], var.shape.as_list()))
+  missing, reshaped = restore_lib.compare_shapes(checkpoint_path, variables)
+  reshaped = ['%s: checkpoint %s, network %s' % entry for entry in reshaped]
   if missing or reshaped:
     details = []
     if missing:

@@ -627,12 +627,10 @@ def _check_shapes_resumable(checkpoint, graph, logdir):
   the flags). Before, the restore passed, the run wrote its options to
   deeplab_config.json, and its first step failed (exit 1, a TensorFlow
   trace); the next run with the right flags was then refused."""
-  shapes = restore.checkpoint_reader(checkpoint).get_variable_to_shape_map()
   with graph.as_default():
-    reshaped = [(v.op.name, shapes[v.op.name], v.shape.as_list())
-                for v in tf.global_variables()
-                if v.op.name in shapes
-                and list(shapes[v.op.name]) != v.shape.as_list()]
+    # Missing variables are named by the restore itself (see
+    # _NOT_IN_CHECKPOINT).
+    _, reshaped = restore.compare_shapes(checkpoint, tf.global_variables())
   if reshaped:
     name, saved, built = reshaped[0]
     raise config.ConfigError(
