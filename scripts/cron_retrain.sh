@@ -197,14 +197,38 @@ open_log() {
   fi
 }
 
-# Runs a command as `run` does, keeping its stdout in memory until it ends
-# (a log on a full disk could not hold it); COMMAND_MESSAGE is then the
-# message of the JSON result line every deeplab command ends with, for the
-# summary (empty when there is none).
+# Runs a command as `run` does, in this shell (so that a signal to the
+# script is handed on to it; a command substitution would hold the signal
+# until the command ended by itself), its stdout kept in a file in memory
+# (/dev/shm; a log on a full disk could not hold it) until it ends, then
+# logged. COMMAND_MESSAGE is then the message of the JSON result line every
+# deeplab command ends with, for the summary (empty when there is none).
 run_keeping_message() {
-  local out rc=0
-  out=$(run "$@") || rc=$?
-  [[ -z $out ]] || printf '%s\n' "$out" || true
+  local rc=0 dir=/dev/shm
+  [[ -d $dir && -w $dir ]] || dir=${TMPDIR:-/tmp}
+  RUNNING_COMMAND=$1
+  COMMAND_MESSAGE=
+  if CAPTURE_FILE=$(mktemp "$dir/$SCRIPT_NAME.XXXXXX" 2>/dev/null); then
+    CLEANUP+=("$CAPTURE_FILE")
+    run "$@" >"$CAPTURE_FILE" || rc=$?
+    release_output
+  else
+    run "$@" || rc=$?
+  fi
+  RUNNING_COMMAND=
+  return "$rc"
+}
+
+# Logs the stdout kept of the running command (also when a signal ends the
+# round during it) and sets COMMAND_MESSAGE from it.
+release_output() {
+  local out
+  [[ -n ${CAPTURE_FILE:-} ]] || return 0
+  out=$(cat "$CAPTURE_FILE") || true
+  rm -f "$CAPTURE_FILE"
+  CAPTURE_FILE=
+  # To stderr: a trap may run this while stdout is still the file.
+  [[ -z $out ]] || printf '%s\n' "$out" >&2 || true
   COMMAND_MESSAGE=$("$PYTHON" -c '
 import json, sys
 for line in reversed(sys.argv[1].splitlines()):
@@ -216,7 +240,18 @@ for line in reversed(sys.argv[1].splitlines()):
     print(" ".join(str(result.get("message") or "").split()))
     break
 ' "$out" 2>/dev/null) || COMMAND_MESSAGE=
-  return "$rc"
+}
+
+# The trap of signal $1 (TERM, INT, HUP): `run` has let the running command
+# end first (deeplab-train saves a checkpoint); the round fails, saying
+# what the command said.
+interrupted() {
+  local during=''
+  release_output
+  if [[ -n ${RUNNING_COMMAND:-} ]]; then
+    during=" while $RUNNING_COMMAND ran$(command_said)"
+  fi
+  fail "interrupted by SIG$1$during"
 }
 
 # ": MESSAGE" of the command run last when it said one, else " (see the log)".
@@ -449,7 +484,9 @@ main() {
   trap on_exit EXIT
   # The running command finishes first (deeplab-train saves a checkpoint on
   # SIGTERM), then the round ends as a failure (exit 1).
-  trap 'fail "interrupted by a signal"' TERM INT HUP
+  trap 'interrupted TERM' TERM
+  trap 'interrupted INT' INT
+  trap 'interrupted HUP' HUP
 
   exec 9>>"$LOCK_FILE" ||
     fail "cannot open the lock file $LOCK_FILE${LOG_PROBLEM:+; $LOG_PROBLEM}"

@@ -131,28 +131,36 @@ def test_cron_round_on_a_full_disk_still_ends_with_its_summary(tmp_path):
   assert not list((cron.work / 'train').iterdir())
 
 
+_STUB_BUILD_DATA = (
+    # Records (the policy reads dataset.json's splits).
+    'for a in "$@"; do case $a in --output_dir=*) d=${a#*=};; esac; done\n'
+    'mkdir -p "$d" && printf \'{}\' > "$d/dataset.json"\n')
+
+
+def _cron_with_stubs(tmp_path, cron, **bodies):
+  """The environment of a round whose deeplab-* commands are the shell
+  `bodies` (by command name, dashes as underscores); the others exit 9."""
+  stubs = tmp_path / 'stubs'
+  stubs.mkdir()
+  for command in ('deeplab-build-data', 'deeplab-train', 'deeplab-eval',
+                  'deeplab-export'):
+    body = bodies.get(command.replace('-', '_'), 'exit 9\n')
+    (stubs / command).write_text('#!/bin/bash\n' + body)
+    (stubs / command).chmod(0o755)
+  env = fake_voc.script_env(**cron.settings)
+  env['PATH'] = '%s:%s' % (stubs, env['PATH'])
+  return env
+
+
 def test_cron_summary_says_why_a_command_failed(tmp_path):
   """The summary said only 'deeplab-train failed with exit status 1 (see
   the log)'; the command's own message (a full disk, ...) is in it now."""
   cron = Cron(tmp_path)
-  stubs = tmp_path / 'stubs'
-  stubs.mkdir()
   said = 'cannot save checkpoint X: no space left on device. Free space'
-  for command, body in (
-      # Records (the policy reads dataset.json's splits) then a failure.
-      ('deeplab-build-data',
-       'for a in "$@"; do case $a in --output_dir=*) d=${a#*=};; esac; done\n'
-       'mkdir -p "$d" && printf \'{}\' > "$d/dataset.json"\n'),
-      ('deeplab-train',
-       'echo \'{"event": "result", "status": "error", "message": "%s"}\'\n'
-       'exit 1\n' % said)):
-    (stubs / command).write_text('#!/bin/sh\n' + body)
-    (stubs / command).chmod(0o755)
-  for command in ('deeplab-eval', 'deeplab-export'):
-    (stubs / command).write_text('#!/bin/sh\nexit 9\n')
-    (stubs / command).chmod(0o755)
-  env = fake_voc.script_env(**cron.settings)
-  env['PATH'] = '%s:%s' % (stubs, env['PATH'])
+  env = _cron_with_stubs(
+      tmp_path, cron, deeplab_build_data=_STUB_BUILD_DATA,
+      deeplab_train='echo \'{"event": "result", "status": "error", '
+      '"message": "%s"}\'\nexit 1\n' % said)
   proc = fake_voc.run_script('cron_retrain.sh', '--data_dir', cron.data,
                              '--work_dir', cron.work, env=env)
   assert proc.returncode == 1, fake_voc.describe(proc)
@@ -160,6 +168,71 @@ def test_cron_summary_says_why_a_command_failed(tmp_path):
   assert summary['message'] == (
       'deeplab-train failed with exit status 1: ' + said), summary
   assert said in cron.log_of(summary)   # its line is in the log as before
+
+
+# A trainer that stops on SIGTERM (once, after a short save) with its
+# result line, and else ends by itself after 20 s without one.
+_STUB_TRAINER = '''
+said='stopped at step 3 (signal:SIGTERM) with a final checkpoint'
+echo started > "$MARK"
+stop=0
+trap 'stop=$((stop + 1))' TERM
+for _ in $(seq 200); do
+  sleep 0.1
+  if ((stop)); then
+    sleep 0.3
+    printf '{"event": "result", "status": "stopped", "message": "%s"}\\n' \\
+      "$said"
+    echo "TERM $stop" >> "$MARK"
+    exit 0
+  fi
+done
+echo "ran out" >> "$MARK"
+'''
+
+
+@pytest.mark.parametrize('to_group', [False, True])
+def test_cron_hands_a_signal_to_the_trainer(tmp_path, to_group):
+  """A SIGTERM to cron_retrain.sh alone never reached deeplab-train: the
+  round waited for it to end by itself (hours of training, with a time
+  budget). One to its process group stopped both, but the log lost the
+  trainer's result line, and the summary said only 'interrupted by a
+  signal'. The trainer now gets it once and stops; its line is in the log
+  and its message in the summary."""
+  cron = Cron(tmp_path)
+  mark = tmp_path / 'mark.txt'
+  env = _cron_with_stubs(tmp_path, cron, deeplab_build_data=_STUB_BUILD_DATA,
+                         deeplab_train=_STUB_TRAINER)
+  env['MARK'] = str(mark)
+  proc = subprocess.Popen(
+      ['bash', str(fake_voc.SCRIPTS / 'cron_retrain.sh'), '--data_dir',
+       str(cron.data), '--work_dir', str(cron.work)],
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+  try:
+    deadline = time.time() + 60
+    while not mark.exists():
+      assert time.time() < deadline and proc.poll() is None, proc.communicate()
+      time.sleep(0.05)
+    if to_group:
+      os.killpg(proc.pid, signal.SIGTERM)
+    else:
+      proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=15)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  assert proc.returncode == 1, (stdout, stderr)
+  started, stopped = mark.read_text().splitlines()
+  # To the script alone: once. A group's copy may come too (deeplab-train
+  # takes it as the same signal; this stub counts it).
+  assert stopped in (('TERM 1', 'TERM 2') if to_group else ('TERM 1',))
+  summary = json.loads(stdout.strip().splitlines()[-1])
+  assert summary['status'] == 'failed'
+  assert summary['message'] == (
+      'interrupted by SIGTERM while deeplab-train ran: stopped at step 3 '
+      '(signal:SIGTERM) with a final checkpoint'), summary
+  assert '"status": "stopped"' in cron.log_of(summary)
 
 
 # ---------------------------------------------------------------------------
