@@ -219,10 +219,36 @@ def test_run_once_without_checkpoint_fails_at_once(tmp_path, capsys):
   assert 'neither a directory' in capsys.readouterr().err
 
 
-def test_crop_too_small_names_image_and_size(tiny, capsys):
+def test_crop_too_small_for_the_split_is_refused_at_once(tiny, capsys):
+  """A crop size too small for several images was refused at the first of
+  them, with the size that one needed (33,41 here): the next run then
+  failed on the next larger image. It is now refused before any work, with
+  the size every image of the split fits (dataset.json's statistics)."""
+  eval_dir = os.path.join(tiny['root'], 'e2')
   code = et.run_cli(eval_cli, ['--checkpoint_dir=' + tiny['train'],
                                '--dataset_dir=' + tiny['data'],
-                               '--eval_logdir=' + tiny['root'] + '/e2',
+                               '--eval_logdir=' + eval_dir,
+                               '--eval_crop_size=33,33'])
+  err = capsys.readouterr().err
+  assert code == 2
+  assert ("split 'val' (its largest height and width, from %s) is 41x41 "
+          '(height x width), larger than --eval_crop_size=33,33; pass '
+          '--eval_crop_size=41,41 (or larger)'
+          % os.path.join(tiny['data'], 'dataset.json')) in err
+  assert not os.path.exists(eval_dir)
+
+
+def test_crop_too_small_names_image_and_size(tiny, tmp_path, capsys):
+  """Without the split's statistics (records of an older build), the
+  first image that does not fit is named."""
+  data = tmp_path / 'data'
+  shutil.copytree(tiny['data'], data)
+  info = json.loads((data / 'dataset.json').read_text())
+  del info['statistics']
+  (data / 'dataset.json').write_text(json.dumps(info))
+  code = et.run_cli(eval_cli, ['--checkpoint_dir=' + tiny['train'],
+                               '--dataset_dir=%s' % data,
+                               '--eval_logdir=%s' % (tmp_path / 'e2'),
                                '--eval_crop_size=33,41'])
   err = capsys.readouterr().err
   assert code == 2

@@ -234,6 +234,22 @@ def test_missing_image_dir_is_bad_input(tiny, tmp_path, capsys):
   assert 'is not a folder' in capsys.readouterr().err
 
 
+def test_crop_too_small_for_the_split_is_refused_at_once(tiny, tmp_path,
+                                                         capsys):
+  """As in deeplab-eval: refused before any image is drawn (before, after
+  the images that fit), with the size every image of the split fits."""
+  code = et.run_cli(vis_cli, ['--checkpoint_dir=' + tiny['train'],
+                              '--dataset_dir=' + tiny['data'],
+                              '--vis_crop_size=33,33',
+                              '--vis_logdir=%s/out' % tmp_path])
+  err = capsys.readouterr().err
+  assert code == 2
+  assert ("split 'val' (its largest height and width, from %s) is 41x41 "
+          % os.path.join(tiny['data'], 'dataset.json')) in err
+  assert '--vis_crop_size=41,41 (or larger)' in err
+  assert not os.path.exists('%s/out' % tmp_path)
+
+
 def test_legend_on_image_names_the_dataset_classes(tiny, tmp_path, capsys):
   out = str(tmp_path / 'vis')
   code = et.run_cli(vis_cli, ['--checkpoint_dir=' + tiny['train'],

@@ -245,13 +245,15 @@ def options_from_flags():
       max_number_of_evaluations=FLAGS.max_number_of_evaluations,
       timeout_secs=FLAGS.eval_timeout_secs,
       result_json=FLAGS.eval_result_json).validate()
-  return EvalJob(
+  job = EvalJob(
       checkpoint_dir=checkpoint_dir,
       eval_logdir=eval_logdir,
       dataset_dir=FLAGS.dataset_dir, dataset_info=info,
       model_options=model_options,
       preprocess_options=inference_flags.preprocess_options(saved_pre),
       inference=inference, eval_options=eval_options)
+  inference_flags.check_split_fits(job, FLAGS.eval_split)
+  return job
 
 
 def print_scores(result, scores):

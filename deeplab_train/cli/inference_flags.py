@@ -102,6 +102,22 @@ def preprocess_options(saved_preprocess, resize=None):
   return config.PreprocessOptions(crop_size=None, **resize).validate()
 
 
+def check_split_fits(job, split):
+  """Refuses a fixed crop size that images of `split` do not fit, for the
+  whole split at once (by the size range dataset.json's statistics keep),
+  not at the first such image, which left the next larger one to another
+  run. Resized images (--min/max_resize_value) are left to the check of
+  each image."""
+  counted = job.dataset_info.split_statistics(split)
+  if counted is None or any(getattr(job.preprocess_options, name)
+                            for name in config.RESIZE_FIELDS):
+    return
+  job.inference.check_holds(
+      counted.max_height, counted.max_width, job.model_options.output_stride,
+      'split %r (its largest height and width, from %s)'
+      % (split, os.path.join(FLAGS.dataset_dir, 'dataset.json')))
+
+
 def check_unsupported(command):
   """Refuses the original's shared flags that an inference command cannot
   honour (their defaults pass).

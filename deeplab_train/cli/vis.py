@@ -179,7 +179,7 @@ def options_from_flags():
                 'exported_resize': preprocess_options}
     preprocess_options = config.PreprocessOptions(crop_size=None).validate()
   info = _dataset_info(saved_dataset, folder)
-  return VisJob(
+  job = VisJob(
       checkpoint=checkpoint, vis_logdir=FLAGS.vis_logdir,
       batch_size=FLAGS.vis_batch_size, dataset_info=info,
       model_options=common_flags.model_options(
@@ -198,6 +198,9 @@ def options_from_flags():
           legend=FLAGS.vis_legend).validate(),
       image_dir=FLAGS.image_dir, dataset_dir=FLAGS.dataset_dir,
       split=FLAGS.vis_split, **exported)
+  if not (exported_model or FLAGS.image_dir):
+    inference_flags.check_split_fits(job, FLAGS.vis_split)
+  return job
 
 
 def _samples(job, unreadable):

@@ -5,6 +5,7 @@ from typing import ClassVar, Optional, Tuple
 
 from deeplab_train.config.errors import check
 from deeplab_train.config.errors import check_one_of
+from deeplab_train.config.errors import ConfigError
 from deeplab_train.config.errors import is_crop
 from deeplab_train.config.serialize import JsonMixin
 from deeplab_train.config.serialize import set_field
@@ -17,6 +18,16 @@ TFLITE_QUANTIZE_MODES = ('none', 'float16', 'dynamic', 'int8')
 
 def _show(values):
   return ','.join(map(str, values))
+
+
+class ImageTooLargeError(ConfigError):
+  """An image does not fit in the fixed crop size."""
+
+
+def fitting_size(height, width, output_stride):
+  """Smallest (k * output_stride + 1) sizes holding height x width."""
+  fit = lambda n: -(-(int(n) - 1) // output_stride) * output_stride + 1
+  return fit(height), fit(width)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +66,23 @@ class InferenceOptions(JsonMixin):
     check(min(self.scales) > 0, '{InferenceOptions.scales} must be positive, '
           'got %s' % _show(self.scales))
     return self
+
+  def check_holds(self, height, width, output_stride, what):
+    """Raises ImageTooLargeError when a fixed crop_size is smaller than
+    height x width, naming `what` ("image NAME", ...) and the crop size
+    that holds it."""
+    crop = self.crop_size
+    if crop is None or (height <= crop[0] and width <= crop[1]):
+      return
+    need = fitting_size(max(height, crop[0]), max(width, crop[1]),
+                        output_stride)
+    raise ImageTooLargeError(
+        '%s is %dx%d (height x width), larger than '
+        '{InferenceOptions.crop_size}=%d,%d; pass '
+        '{InferenceOptions.crop_size}=%d,%d (or larger), or leave '
+        '{InferenceOptions.crop_size} unset to pad each image only as much '
+        'as the output stride needs'
+        % (what, height, width, crop[0], crop[1], need[0], need[1]))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,8 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
 from deeplab_train import restore as restore_lib
+from deeplab_train.config.inference import fitting_size
+from deeplab_train.config.inference import ImageTooLargeError
 from deeplab_train.model import deeplab
 from deeplab_train.model import registry
 
@@ -29,22 +31,13 @@ class CheckpointMismatchError(config.ConfigError):
   """The checkpoint's variables do not match the network being built."""
 
 
-class ImageTooLargeError(config.ConfigError):
-  """An image does not fit in the fixed crop size."""
-
-
-def fitting_size(height, width, output_stride):
-  """Smallest (k * output_stride + 1) sizes holding height x width."""
-  fit = lambda n: -(-(int(n) - 1) // output_stride) * output_stride + 1
-  return fit(height), fit(width)
-
-
-def padded_size(sizes, crop_size, output_stride, names=None):
+def padded_size(sizes, inference, output_stride, names=None):
   """The size a group of images is padded to.
 
   Args:
     sizes: [(height, width), ...] of the images of the batch.
-    crop_size: fixed (height, width), or None to fit the batch.
+    inference: InferenceOptions; its crop_size is fixed, or None to fit the
+      batch.
     output_stride: the network's output stride.
     names: image names, for the error message.
 
@@ -54,23 +47,13 @@ def padded_size(sizes, crop_size, output_stride, names=None):
   Raises:
     ImageTooLargeError: an image is larger than crop_size.
   """
-  max_h = max(h for h, _ in sizes)
-  max_w = max(w for _, w in sizes)
-  if crop_size is None:
-    return fitting_size(max_h, max_w, output_stride)
+  if inference.crop_size is None:
+    return fitting_size(max(h for h, _ in sizes), max(w for _, w in sizes),
+                        output_stride)
   for i, (h, w) in enumerate(sizes):
-    if h > crop_size[0] or w > crop_size[1]:
-      name = _text(names[i]) if names is not None else '#%d' % i
-      need = fitting_size(max(h, crop_size[0]), max(w, crop_size[1]),
-                          output_stride)
-      raise ImageTooLargeError(
-          'image %s is %dx%d (height x width), larger than '
-          '{InferenceOptions.crop_size}=%d,%d; pass '
-          '{InferenceOptions.crop_size}=%d,%d (or larger), or leave '
-          '{InferenceOptions.crop_size} unset to pad each image only as much '
-          'as the output stride needs'
-          % (name, h, w, crop_size[0], crop_size[1], need[0], need[1]))
-  return tuple(crop_size)
+    name = _text(names[i]) if names is not None else '#%d' % i
+    inference.check_holds(h, w, output_stride, 'image %s' % name)
+  return tuple(inference.crop_size)
 
 
 def pad_images(images, size, mean_pixel):
@@ -230,7 +213,7 @@ class Predictor:
     # size (images of equal fitting size share one run).
     groups = {}
     for i, (h, w) in enumerate(sizes):
-      size = padded_size([(h, w)], self.inference.crop_size,
+      size = padded_size([(h, w)], self.inference,
                          self.options.output_stride, [names[i]])
       groups.setdefault(size, []).append(i)
     out = [None] * len(images)
