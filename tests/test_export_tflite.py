@@ -261,8 +261,10 @@ def test_int8_export_warns_of_keep_aspect_ratio_once(tiny_ckpt, dataset_dir,
   assert job.export_options.min_resize_value is None
 
 
-def test_unconvertible_network_names_op_and_flag(tmp_path, capsys):
-  """Argmax-then-resize labels: TFLite has no int64 nearest resize."""
+def test_unconvertible_network_names_op_and_flag(tmp_path, capsys, caplog):
+  """Argmax-then-resize labels: TFLite has no int64 nearest resize. The
+  flag the message names now exports it (before: refused for contradicting
+  the checkpoint's saved options, though it changes no variable)."""
   options = et.tiny_model_options(prediction_with_upsampled_logits=False)
   ckpt = et.write_checkpoint(str(tmp_path / 'train'), options)
   out = tmp_path / 'out'
@@ -279,6 +281,14 @@ def test_unconvertible_network_names_op_and_flag(tmp_path, capsys):
   assert _export(['--checkpoint_path=' + ckpt,
                   '--export_path=%s/frozen.pb' % out,
                   '--crop_size=41,41'])['status'] == 'ok'
+  with caplog.at_level('WARNING'):
+    assert _export(['--checkpoint_path=' + ckpt,
+                    '--tflite_path=%s/model.tflite' % out,
+                    '--prediction_with_upsampled_logits=true',
+                    '--crop_size=41,41'])['status'] == 'ok'
+  assert ('predicting with --prediction_with_upsampled_logits=True (trained '
+          'with False)') in caplog.text
+  assert (out / 'model.tflite').stat().st_size > 0
 
 
 def test_runner_checks_its_input(models, padded_images):

@@ -270,10 +270,12 @@ def explicitly_set(name):
 
 
 # Model flags that change no variable, only the atrous rates of the
-# network: a checkpoint is evaluated, drawn or exported with other values
-# than it was trained with (the original's recipe trains at output stride
-# 16 with rates 6, 12, 18 and evaluates at 8 with 12, 24, 36).
-INFERENCE_FLAGS = ('output_stride', 'atrous_rates', 'multi_grid')
+# network or how its labels reach the image's size: a checkpoint is
+# evaluated, drawn or exported with other values than it was trained with
+# (the original's recipe trains at output stride 16 with rates 6, 12, 18
+# and evaluates at 8 with 12, 24, 36; TFLite needs the logits upsampled).
+INFERENCE_FLAGS = ('output_stride', 'atrous_rates', 'multi_grid',
+                   'prediction_with_upsampled_logits')
 
 
 def model_options(num_classes, crop_size, saved=None, defaults=None,

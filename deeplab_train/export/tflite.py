@@ -206,9 +206,9 @@ _AVOIDED_BY = {
     'ResizeNearestNeighbor': (
         'it comes from {ModelOptions.prediction_with_upsampled_logits}'
         '=false (int64 labels resized after the argmax); avoid it with '
-        '{ModelOptions.prediction_with_upsampled_logits}=true (the default: '
-        'logits upsampled before the argmax; the value saved with a trained '
-        'checkpoint in its deeplab_config.json is the one used)'),
+        '{ModelOptions.prediction_with_upsampled_logits}=true (logits '
+        'upsampled before the argmax, the default; it changes no variable, '
+        'so it also applies to a checkpoint trained with false)'),
 }
 # How the converter names an op it has no kernel for.
 _REFUSED_OP = re.compile(r"'tf\.(\w+)' op is neither a custom op nor a "
