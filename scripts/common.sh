@@ -73,6 +73,11 @@ require_int() {
   [[ $2 =~ ^[0-9]+$ ]] || die "$1 must be a non-negative integer, got '$2'"
 }
 
+# Fails unless $2 is an integer >= 1; $1 names the variable.
+require_positive_int() {
+  [[ $2 =~ ^0*[1-9][0-9]*$ ]] || die "$1 must be an integer >= 1, got '$2'"
+}
+
 # Writes stdin to $1 atomically (temp file in the same folder, then rename).
 write_atomic() {
   local dest=$1 tmp

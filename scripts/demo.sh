@@ -126,6 +126,10 @@ main() {
     esac
   done
   "${preset}_settings"
+  # Checked now, not after the steps that come before their use.
+  [[ -z $MIN_MIOU || $MIN_MIOU =~ ^[0-9]*\.?[0-9]+$ ]] ||
+    die "MIN_MIOU must be a number (an mIoU between 0 and 1), got '$MIN_MIOU'"
+  require_int "TRAIN_STEPS${STEPS+ (from STEPS)}" "$TRAIN_STEPS"
   export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
   # The same folders as the scripts below compute, for the messages.
   set_voc_paths
@@ -134,16 +138,18 @@ main() {
   default OUTPUT_DIR="$DATASET_DIR"
   EVAL_RESULT=${EVAL_RESULT:-$EVAL_LOGDIR/eval_result.json}
 
+  # Each step through `run`: a signal to this script alone reaches the
+  # step, which ends first (training saves a checkpoint), then this script.
   step "1/5 convert $VOC_SOURCE to TFRecords in $DATASET_DIR"
-  bash "$SCRIPTS_DIR/download_and_convert_voc2012.sh" "$VOC_SOURCE"
+  run bash "$SCRIPTS_DIR/download_and_convert_voc2012.sh" "$VOC_SOURCE"
   step "2/5 train $MODEL_VARIANT for $TRAIN_STEPS steps in $TRAIN_LOGDIR"
-  bash "$SCRIPTS_DIR/train_voc.sh" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}
+  run bash "$SCRIPTS_DIR/train_voc.sh" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}
   step "3/5 evaluate on the ${EVAL_SPLIT:-val} split"
-  bash "$SCRIPTS_DIR/eval_voc.sh" --eval_result_json="$EVAL_RESULT"
+  run bash "$SCRIPTS_DIR/eval_voc.sh" --eval_result_json="$EVAL_RESULT"
   step "4/5 coloured predictions in $VIS_LOGDIR"
-  bash "$SCRIPTS_DIR/vis_voc.sh" ${VIS_ARGS[@]+"${VIS_ARGS[@]}"}
+  run bash "$SCRIPTS_DIR/vis_voc.sh" ${VIS_ARGS[@]+"${VIS_ARGS[@]}"}
   step "5/5 export a frozen graph to $EXPORT_DIR"
-  bash "$SCRIPTS_DIR/export_voc.sh"
+  run bash "$SCRIPTS_DIR/export_voc.sh"
   check_miou
   log "done: checkpoints in $TRAIN_LOGDIR, results in $EVAL_LOGDIR, pictures in $VIS_LOGDIR, graph in $EXPORT_DIR"
 }

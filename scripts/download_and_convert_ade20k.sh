@@ -142,7 +142,6 @@ main() {
   parse_source_args ADE20K_SOURCE "$@"
   SOURCE=${SOURCE:-$DEFAULT_URL}
   OUTPUT_DIR=${OUTPUT_DIR:-$WORK_DIR/tfrecord}
-  require_int NUM_SHARDS "$NUM_SHARDS"
   need_cmd deeplab-build-data "$PYTHON" sha1sum sha256sum md5sum flock
 
   open_work_dir

@@ -188,7 +188,6 @@ main() {
   parse_source_args VOC_SOURCE "$@"
   SOURCE=${SOURCE:-$DEFAULT_URL}
   OUTPUT_DIR=${OUTPUT_DIR:-$WORK_DIR/tfrecord}
-  require_int NUM_SHARDS "$NUM_SHARDS"
   if [[ -n $SBD_LABELS ]]; then
     [[ -d $SBD_LABELS ]] || die "--sbd_labels=$SBD_LABELS is not a folder"
     SBD_KEY="$(realpath "$SBD_LABELS")|$(folder_key "$SBD_LABELS")"

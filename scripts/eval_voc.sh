@@ -20,7 +20,9 @@ Evaluation (environment variables, with their defaults):
                              pad each image to the next size that fits)
   EVAL_SCALES                [1.0] (e.g. 0.5,0.75,1.0,1.25,1.5,1.75)
   ADD_FLIPPED_IMAGES         [false]
-  MAX_NUMBER_OF_EVALUATIONS  [1] (0: follow the train logdir forever)
+  MAX_NUMBER_OF_EVALUATIONS  [1] (0: follow the train logdir forever; started
+                             before its first checkpoint, the model comes
+                             from the deeplab_config.json saved with it)
   EVAL_EXTRA_FLAGS           more deeplab-eval flags (space separated)
 EOF
 

@@ -32,7 +32,12 @@ main() {
   fi
   export_path=${EXPORT_PATH:-$EXPORT_DIR/frozen_inference_graph.pb}
   need_cmd deeplab-export
-  model_flags_for_checkpoint_dir "$(dirname "$checkpoint")"
+  # A folder (deeplab-export takes its latest checkpoint) holds the config.
+  if [[ -d $checkpoint ]]; then
+    model_flags_for_checkpoint_dir "$checkpoint"
+  else
+    model_flags_for_checkpoint_dir "$(dirname "$checkpoint")"
+  fi
   if ((${#MODEL_FLAGS[@]})); then
     # No saved model options: the flags describe the network.
     export_flags=(--num_classes="${NUM_CLASSES:-21}")

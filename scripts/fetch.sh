@@ -55,7 +55,8 @@ folder_key() {
 # --- options, work folder, source ----------------------------------------------
 
 # Parses the options of OPTIONS and at most one SOURCE argument (default: the
-# environment variable named $1).
+# environment variable named $1), and checks the shared ones now, before a
+# download of gigabytes: WORK_DIR, CHECKSUM's form and NUM_SHARDS.
 parse_source_args() {
   local env_name=$1 arg given=0
   shift
@@ -67,6 +68,10 @@ parse_source_args() {
     SOURCE=$arg
     given=1
   done
+  [[ -n $WORK_DIR ]] || die "--work_dir (WORK_DIR) is empty: give the folder to work in"
+  [[ -z $CHECKSUM || $CHECKSUM =~ ^([[:xdigit:]]{32}|[[:xdigit:]]{40}|[[:xdigit:]]{64})$ ]] ||
+    die "--checksum must be an MD5 (32 hex digits), SHA-1 (40) or SHA-256 (64), got '$CHECKSUM'"
+  require_positive_int "NUM_SHARDS (--num_shards)" "$NUM_SHARDS"
 }
 
 # Creates $WORK_DIR/.done, makes WORK_DIR, OUTPUT_DIR and DOWNLOAD_DIR

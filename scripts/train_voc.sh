@@ -41,7 +41,7 @@ EOF
 # Downloads and unpacks tarball URL $1 into folder $2 (once), then prints the
 # checkpoint prefix found inside it.
 fetch_init_checkpoint() {
-  local url=$1 dir=$2 name tmp index
+  local url=$1 dir=$2 name tmp index status
   name=$(basename "${url%%\?*}")
   name=${name%.tar.gz}
   name=${name%.tgz}
@@ -52,17 +52,32 @@ fetch_init_checkpoint() {
     rm -rf "$tmp"
     mkdir -p "$tmp"
     log "downloading the initial checkpoint $url"
+    # This runs in a command substitution, where errexit does not apply:
+    # each step is checked, and only a complete folder is moved into place
+    # (a re-run skips the download when it is there).
     if command -v curl >/dev/null 2>&1; then
       curl -fL --retry 3 -o "$tmp/download" "$url" >&2
     else
       wget -O "$tmp/download" "$url" >&2
-    fi
-    tar -xf "$tmp/download" -C "$tmp"
+    fi || {
+      status=$?
+      rm -rf "$tmp"
+      die "downloading $url failed (exit status $status): check the URL and the network, or download it yourself and set INIT_CHECKPOINT to the checkpoint prefix inside"
+    }
+    tar -xf "$tmp/download" -C "$tmp" || {
+      rm -rf "$tmp"
+      die "cannot unpack $url (not a tarball, or truncated); nothing was kept"
+    }
     rm -f "$tmp/download"
+    index=$(find "$tmp" -name '*.index' -print | LC_ALL=C sort | tail -n 1)
+    if [[ -z $index ]]; then
+      rm -rf "$tmp"
+      die "$url holds no TensorFlow checkpoint (*.index file); nothing was kept"
+    fi
     mv "$tmp" "$dir/$name"
   fi
   index=$(find "$dir/$name" -name '*.index' -print | LC_ALL=C sort | tail -n 1)
-  [[ -n $index ]] || die "$url holds no TensorFlow checkpoint (*.index file)"
+  [[ -n $index ]] || die "$dir/$name (from $url) holds no TensorFlow checkpoint (*.index file): remove that folder to download it again"
   printf '%s\n' "${index%.index}"
 }
 

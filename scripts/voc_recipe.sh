@@ -107,9 +107,16 @@ run_on_train_logdir() {
   count=${!count_name:-1}
   require_int "$count_name" "$count"
   need_cmd "deeplab-$kind"
-  [[ -n $(latest_checkpoint "$TRAIN_LOGDIR") || $count == 0 ]] ||
+  if [[ -n $(latest_checkpoint "$TRAIN_LOGDIR") ]]; then
+    model_flags_for_checkpoint_dir "$TRAIN_LOGDIR"
+  elif ((count == 0)); then
+    # Following a run that has not saved yet: deeplab-train writes its
+    # deeplab_config.json with the first checkpoint, and deeplab-$kind
+    # waits for it; recipe flags would contradict another recipe's run.
+    MODEL_FLAGS=()
+  else
     die "no checkpoint in TRAIN_LOGDIR=$TRAIN_LOGDIR: run train_voc.sh first"
-  model_flags_for_checkpoint_dir "$TRAIN_LOGDIR"
+  fi
   inference_flags "$kind" "$DATASET" "$DATASET_DIR" "${!split_name:-val}" \
     "$TRAIN_LOGDIR" "${!logdir_name}" "${!crop_name-513,513}"
   repeat_flag eval_scales "${EVAL_SCALES:-1.0}"

@@ -240,6 +240,13 @@ def test_cron_hands_a_signal_to_the_trainer(tmp_path, to_group):
 # ---------------------------------------------------------------------------
 def _recorded_args(tmp_path, script, **env):
   """Runs `script` with deeplab-* stubs first on PATH; returns their argv."""
+  proc, args = _run_with_stubs(tmp_path, script, **env)
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  return args
+
+
+def _run_with_stubs(tmp_path, script, **env):
+  """`_recorded_args` of any outcome: (the finished script, the argv)."""
   stubs = tmp_path / 'stubs'
   stubs.mkdir(exist_ok=True)
   record = tmp_path / 'args.txt'
@@ -254,9 +261,9 @@ def _recorded_args(tmp_path, script, **env):
     if name not in env:
       del full_env[name]
   full_env['PATH'] = '%s:%s' % (stubs, full_env['PATH'])
+  record.unlink(missing_ok=True)
   proc = fake_voc.run_script(script, env=full_env)
-  assert proc.returncode == 0, fake_voc.describe(proc)
-  return record.read_text().splitlines()
+  return proc, record.read_text().splitlines() if record.exists() else []
 
 
 def _fake_logdirs(tmp_path, with_config):
@@ -303,6 +310,81 @@ def test_saved_config_replaces_model_flags(tmp_path):
     assert not [a for a in args if a.startswith(('--model_variant',
                                                   '--atrous_rates',
                                                   '--num_classes'))], args
+
+
+def test_export_of_a_checkpoint_folder_reads_the_config_inside(tmp_path):
+  """CHECKPOINT_PATH=<train folder> (deeplab-export takes its latest
+  checkpoint): the script looked for deeplab_config.json beside the folder,
+  found none and added the recipe's flags, which contradicted it (exit 2
+  naming flags the user never gave)."""
+  work, train = _fake_logdirs(tmp_path, with_config=True)
+  for path in (train, '%s/' % train):
+    args = _recorded_args(tmp_path, 'export_voc.sh', WORK_DIR=work,
+                          CHECKPOINT_PATH=path)
+    assert '--checkpoint_path=%s' % path in args
+    assert not [a for a in args if a.startswith(('--model_variant',
+                                                  '--num_classes'))], args
+
+
+def test_eval_following_a_run_before_its_first_checkpoint(tmp_path):
+  """MAX_NUMBER_OF_EVALUATIONS=0 on a logdir with no checkpoint yet: the
+  recipe's flags went in, and deeplab-eval exited 2 once the run's first
+  checkpoint and config (of another recipe) came. Now none go in: the
+  config saved with the first checkpoint gives the model."""
+  work, train = _fake_logdirs(tmp_path, with_config=False)
+  for name in os.listdir(train):
+    os.remove(train / name)
+  args = _recorded_args(tmp_path, 'eval_voc.sh', WORK_DIR=work,
+                        MAX_NUMBER_OF_EVALUATIONS=0)
+  assert '--max_number_of_evaluations=0' in args
+  assert not [a for a in args if a.startswith(('--model_variant',
+                                               '--atrous_rates'))], args
+  proc, _ = _run_with_stubs(tmp_path, 'eval_voc.sh', WORK_DIR=work)
+  assert proc.returncode == 1
+  assert 'no checkpoint in TRAIN_LOGDIR=' in proc.stderr
+
+
+def _checkpoint_tarball(path, with_index=True):
+  folder = path.parent / 'zoo' / 'train'
+  folder.mkdir(parents=True)
+  (folder / 'model.ckpt-1.data-00000-of-00001').write_text('')
+  if with_index:
+    (folder / 'model.ckpt-1.index').write_text('')
+  subprocess.run(['tar', '-czf', str(path), '-C', str(folder.parent),
+                  'train'], check=True)
+  shutil.rmtree(folder.parent)
+
+
+def test_init_checkpoint_url_that_fails_leaves_nothing_behind(tmp_path):
+  """A failed download or unpack of INIT_CHECKPOINT_URL (no network) left
+  an empty init_models/<name> folder, then said the URL 'holds no
+  TensorFlow checkpoint'; every later run skipped the download for it."""
+  work, _ = _fake_logdirs(tmp_path, with_config=False)
+  tarball = tmp_path / 'deeplabv3_zoo.tar.gz'
+  url = 'file://%s' % tarball
+  kept = work / 'init_models' / 'deeplabv3_zoo'
+
+  def train(expected_words):
+    proc, args = _run_with_stubs(tmp_path, 'train_voc.sh', WORK_DIR=work,
+                                 INIT_CHECKPOINT_URL=url)
+    assert proc.returncode == 1, fake_voc.describe(proc)
+    assert expected_words in proc.stderr, proc.stderr
+    assert not args   # deeplab-train never ran
+    assert not kept.exists()
+    assert os.listdir(kept.parent) == []
+
+  train('downloading %s failed (exit status ' % url)
+  tarball.write_text('not a tarball')
+  train('cannot unpack %s (not a tarball, or truncated)' % url)
+  tarball.unlink()
+  _checkpoint_tarball(tarball, with_index=False)
+  train('%s holds no TensorFlow checkpoint (*.index file); nothing was kept'
+        % url)
+  tarball.unlink()
+  _checkpoint_tarball(tarball)
+  args = _recorded_args(tmp_path, 'train_voc.sh', WORK_DIR=work,
+                        INIT_CHECKPOINT_URL=url)
+  assert '--tf_initial_checkpoint=%s/train/model.ckpt-1' % kept in args
 
 
 def test_mobilenet_recipe_flags(tmp_path):
@@ -411,6 +493,53 @@ def test_demo_runs_the_voc_scripts_with_its_settings(tmp_path):
   assert 'demo: mIoU below 0.8' in proc.stderr
 
 
+@pytest.mark.parametrize('env,words', [
+    ({'MIN_MIOU': 'abc'}, "MIN_MIOU must be a number (an mIoU between 0 and "
+     "1), got 'abc'"),
+    ({'STEPS': 'abc'}, "TRAIN_STEPS (from STEPS) must be a non-negative "
+     "integer, got 'abc'"),
+])
+def test_demo_checks_its_settings_first(tmp_path, env, words):
+  """MIN_MIOU=abc failed after training, eval, vis and export, with a
+  Python traceback and 'mIoU below abc'; STEPS=abc after the conversion."""
+  proc, commands = _run_demo(tmp_path, WORK=tmp_path / 'demo', **env)
+  assert proc.returncode == 1
+  assert words in proc.stderr, proc.stderr
+  assert not commands
+
+
+def test_demo_hands_a_signal_to_the_running_step(tmp_path):
+  """A SIGTERM to demo.sh alone ended it at once (143) and left the
+  training running as an orphan: the next demo found the logdir locked.
+  The training step now gets it, ends first, then the demo."""
+  stubs = tmp_path / 'stubs'
+  stubs.mkdir()
+  for command in ('deeplab-build-data', 'deeplab-eval', 'deeplab-vis',
+                  'deeplab-export'):
+    (stubs / command).write_text(_STUB)
+    (stubs / command).chmod(0o755)
+  (stubs / 'deeplab-train').write_text('#!/bin/bash\n' + _FAKE_COMMAND)
+  (stubs / 'deeplab-train').chmod(0o755)
+  log = tmp_path / 'log.txt'
+  env = fake_voc.script_env(RECORD=tmp_path / 'commands.txt', LOG=log,
+                            WORK=tmp_path / 'demo')
+  env['PATH'] = '%s:%s' % (stubs, env['PATH'])
+  proc = subprocess.Popen(['bash', str(fake_voc.SCRIPTS / 'demo.sh')],
+                          env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, start_new_session=True)
+  try:
+    deadline = time.time() + 60
+    while not (log.exists() and 'started' in log.read_text()):
+      assert time.time() < deadline and proc.poll() is None
+      time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)   # to the demo, not its group
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  assert log.read_text().splitlines() == ['started', 'TERM 1', 'done 1']
+
+
 # ---------------------------------------------------------------------------
 # download_and_convert_voc2012.sh
 # ---------------------------------------------------------------------------
@@ -433,6 +562,31 @@ def test_wrong_checksum_extracts_nothing(tmp_path):
   assert not (work / 'VOCdevkit').exists()
   assert not (work / 'tfrecord').exists()
   assert not any((work / '.done').iterdir())
+
+
+@pytest.mark.parametrize('script', ['download_and_convert_voc2012.sh',
+                                    'download_and_convert_ade20k.sh'])
+@pytest.mark.parametrize('args,words', [
+    (['--checksum', 'xyz'], "--checksum must be an MD5 (32 hex digits), "
+     "SHA-1 (40) or SHA-256 (64), got 'xyz'"),
+    (['--work_dir='], '--work_dir (WORK_DIR) is empty'),
+    (['--num_shards', '0'], "NUM_SHARDS (--num_shards) must be an integer "
+     ">= 1, got '0'"),
+])
+def test_download_options_are_checked_before_the_download(tmp_path, script,
+                                                          args, words):
+  """A malformed --checksum was refused after the download (gigabytes for
+  VOC or ADE20K); an empty --work_dir made /.done at the root; 0 shards
+  failed in deeplab-build-data, after the download and the extraction."""
+  archive = tmp_path / 'archive.tar'
+  archive.write_text('x' * 1000)
+  work = tmp_path / 'work'
+  proc = fake_voc.run_script(script, '--work_dir', work, *args,
+                             'file://%s' % archive)
+  assert proc.returncode == 1, fake_voc.describe(proc)
+  assert words in proc.stderr, proc.stderr
+  assert 'download:' not in proc.stderr
+  assert not work.exists()
 
 
 def test_failed_conversion_leaves_nothing_that_looks_finished(tmp_path):
