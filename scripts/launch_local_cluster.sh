@@ -16,9 +16,15 @@
 # The logs of each task are in $WORK/logs, each worker's JSON result in
 # $WORK/result_worker{0,1}.json, the checkpoints in $WORK/train. Every
 # process started here is stopped when the script exits, fails or is
-# interrupted (Ctrl-C, SIGTERM: the chief then writes a final checkpoint).
+# interrupted (Ctrl-C, SIGTERM to the script or its process group: the
+# workers stop, the chief with a final checkpoint, then the parameter
+# server; exit 130 or 143).
 # See docs/distributed.md for a launch on several hosts.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 SCRIPT_NAME=launch_local_cluster
 # shellcheck source=scripts/common.sh
@@ -29,9 +35,12 @@ STEPS="${STEPS:-20}"
 TIMEOUT="${TIMEOUT:-900}"
 PYTHON="${PYTHON:-python3}"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
-require_int STEPS "$STEPS"
-require_int TIMEOUT "$TIMEOUT"
-need_cmd deeplab-train deeplab-build-data "$PYTHON"
+require_positive_int STEPS "$STEPS"
+require_positive_int TIMEOUT "$TIMEOUT"
+# Decimal, whatever leading zeros (bash reads 010 as octal).
+STEPS=$((10#$STEPS))
+TIMEOUT=$((10#$TIMEOUT))
+need_cmd deeplab-train deeplab-build-data "$PYTHON" setsid
 
 RECORDS="$WORK/tfrecord"
 LOGDIR="$WORK/train"
@@ -60,25 +69,42 @@ stop_pids() {
   done
 }
 
-# Stops every task still running. Workers first, with SIGTERM (the chief
-# then writes a final checkpoint, which needs the parameter server), SIGKILL
-# after 20 s; then the parameter server.
+# Prints the JSON result line of each worker that wrote one.
+print_results() {
+  local i
+  for i in 0 1; do
+    if [[ -f "$WORK/result_worker$i.json" ]]; then
+      printf 'worker %d: %s\n' "$i" "$(cat "$WORK/result_worker$i.json")"
+    fi
+  done
+}
+
+# Stops every task still running, each with SIGTERM (SIGKILL after 45 s):
+# the chief first (it writes a final checkpoint, and a synchronous step
+# needs the other worker's gradients until it ends), then worker 1 (which
+# a synchronous chief has stopped already), then the parameter server.
 cleanup() {
   local status=$?
   trap - EXIT INT TERM
-  if ((${#WORKER_PIDS[@]})); then
-    stop_pids TERM 20 "${WORKER_PIDS[@]}"
-    stop_pids KILL 5 "${WORKER_PIDS[@]}"
-  fi
+  local pid
+  for pid in ${WORKER_PIDS[@]+"${WORKER_PIDS[@]}"}; do
+    stop_pids TERM 45 "$pid"
+    stop_pids KILL 5 "$pid"
+  done
   if ((${#PS_PIDS[@]})); then
     # (A parameter server only ever stops this way: no "Killed" notice.)
     { stop_pids KILL 5 "${PS_PIDS[@]}"; wait "${PS_PIDS[@]}"; } 2>/dev/null || true
   fi
   wait 2>/dev/null || true
+  if [[ -n ${INTERRUPTED:-} ]]; then
+    print_results
+  fi
   exit "$status"
 }
 trap cleanup EXIT
-trap 'log "interrupted: stopping the cluster"; exit 130' INT TERM
+INTERRUPTED=
+trap 'INTERRUPTED=1; log "interrupted: stopping the cluster"; exit 130' INT
+trap 'INTERRUPTED=1; log "interrupted: stopping the cluster"; exit 143' TERM
 
 if [[ ! -f "$RECORDS/dataset.json" ]]; then
   log "converting data/ to TFRecords in $RECORDS"
@@ -119,14 +145,29 @@ COMMON=(
   "$@"
 )
 
+# Only the chief runs in this script's process group; the parameter server
+# and worker 1 run in sessions of their own. A Ctrl-C or a SIGTERM to the
+# group then stops the chief, whose last step (synchronous: with worker 1's
+# gradients) and final checkpoint (on the parameter server) need the others;
+# `cleanup` stops them after it. Where setpriv can, they also die with this
+# script (a kill -9 of the group no longer reaches them).
+OWN_SESSION=(setsid)
+if setpriv --pdeathsig KILL true 2>/dev/null; then
+  OWN_SESSION+=(setpriv --pdeathsig KILL)
+fi
+
 start_task() {
   local job=$1 task=$2 out="$LOGS/$1$2.log"
-  local extra=()
+  local extra=() launcher=("${OWN_SESSION[@]}")
   if [[ $job == worker ]]; then
     extra=(--result_json="$WORK/result_worker$task.json")
+    rm -f "$WORK/result_worker$task.json"
   fi
-  deeplab-train "${COMMON[@]}" --job_name="$job" --task="$task" \
-    "${extra[@]}" >"$out" 2>&1 &
+  if [[ $job$task == worker0 ]]; then
+    launcher=()
+  fi
+  ${launcher[@]+"${launcher[@]}"} deeplab-train "${COMMON[@]}" \
+    --job_name="$job" --task="$task" "${extra[@]}" >"$out" 2>&1 &
   if [[ $job == ps ]]; then PS_PIDS+=("$!"); else WORKER_PIDS+=("$!"); fi
   log "started $job $task (pid $!), log $out"
 }
@@ -156,7 +197,5 @@ while ((${#FINISHED[@]} < 2)); do
   sleep 0.5
 done
 
-for i in 0 1; do
-  printf 'worker %d: %s\n' "$i" "$(cat "$WORK/result_worker$i.json")"
-done
+print_results
 log "done; checkpoints in $LOGDIR (the parameter server is stopped on exit)"

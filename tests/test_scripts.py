@@ -540,6 +540,99 @@ def test_demo_hands_a_signal_to_the_running_step(tmp_path):
   assert log.read_text().splitlines() == ['started', 'TERM 1', 'done 1']
 
 
+# A deeplab-train stand-in for launch_local_cluster.sh: each task logs the
+# first signal it gets and its end to $EVENTS; a worker then stops, writing
+# its result; the ps runs until killed. (In Python: a bash script started
+# in the background has SIGINT ignored, and cannot trap it; deeplab-train
+# installs its handler whatever it inherited.)
+_CLUSTER_TASK = """#!/usr/bin/env python3
+import os, signal, sys, time
+flags = dict(a[2:].split('=', 1) for a in sys.argv[1:] if '=' in a)
+me = flags['job_name'] + flags['task']
+with open(os.path.join(os.environ['MARKS'], me), 'w') as f:
+  f.write('%d %d' % (os.getpid(), os.getpgid(0)))
+got = []
+def on_signal(signum, frame):
+  got.append(signal.Signals(signum).name[3:])
+signal.signal(signal.SIGTERM, on_signal)
+signal.signal(signal.SIGINT, on_signal)
+while not got or flags['job_name'] == 'ps':
+  time.sleep(0.05)
+def event(words):
+  with open(os.environ['EVENTS'], 'a') as f:
+    f.write('%s %s\\n' % (me, words))
+event(got[0])
+time.sleep(0.5)
+with open(flags['result_json'], 'w') as f:
+  f.write('{"event": "result", "stop_reason": "signal:SIG%s"}\\n' % got[0])
+event('end')
+"""
+
+
+def test_local_cluster_ctrl_c_stops_the_chief_first(tmp_path):
+  """A Ctrl-C (SIGINT to the script's process group) also reached the
+  parameter server, which died at once: the chief could not write its
+  final checkpoint, and no worker wrote its result. Only the chief now
+  runs in the script's group; worker 1 and the ps are stopped after it."""
+  stubs, marks = tmp_path / 'stubs', tmp_path / 'marks'
+  stubs.mkdir()
+  marks.mkdir()
+  (stubs / 'deeplab-train').write_text(_CLUSTER_TASK)
+  (stubs / 'deeplab-train').chmod(0o755)
+  (stubs / 'deeplab-build-data').write_text('#!/bin/sh\nexit 9\n')
+  (stubs / 'deeplab-build-data').chmod(0o755)
+  work = tmp_path / 'work'
+  (work / 'tfrecord').mkdir(parents=True)
+  (work / 'tfrecord' / 'dataset.json').write_text('{}')
+  events = tmp_path / 'events.txt'
+  env = fake_voc.script_env(WORK=work, MARKS=marks, EVENTS=events)
+  env['PATH'] = '%s:%s' % (stubs, env['PATH'])
+  proc = subprocess.Popen(
+      ['bash', str(fake_voc.SCRIPTS / 'launch_local_cluster.sh')], env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+  try:
+    deadline = time.time() + 30
+    while len(os.listdir(marks)) < 3:
+      assert time.time() < deadline and proc.poll() is None, proc.communicate()
+      time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  tasks = {name: (marks / name).read_text().split() for name in
+           ('ps0', 'worker0', 'worker1')}
+  assert proc.returncode == 130, (stdout, stderr)
+  assert tasks['worker0'][1] == str(proc.pid)
+  assert tasks['ps0'][1] != str(proc.pid) != tasks['worker1'][1]
+  assert events.read_text().splitlines() == [
+      'worker0 INT', 'worker0 end', 'worker1 TERM', 'worker1 end']
+  for pid, _ in tasks.values():
+    with pytest.raises(ProcessLookupError):
+      os.kill(int(pid), 0)
+  assert ('worker 0: {"event": "result", "stop_reason": "signal:SIGINT"}'
+          in stdout), stdout
+  assert 'worker 1: {"event": "result", "stop_reason": "signal:SIGTERM"}' in stdout
+
+
+@pytest.mark.parametrize('env,words', [
+    ({'STEPS': '0'}, "STEPS must be an integer >= 1, got '0'"),
+    ({'TIMEOUT': '0'}, "TIMEOUT must be an integer >= 1, got '0'"),
+])
+def test_local_cluster_settings_and_help(tmp_path, env, words):
+  """--help started the cluster; STEPS=0 started it to fail in a log, and
+  TIMEOUT=08 failed after starting it (read as octal)."""
+  proc = fake_voc.run_script('launch_local_cluster.sh', '--help')
+  assert proc.returncode == 0 and 'Usage:' in proc.stdout, proc.stderr
+  assert not proc.stderr
+  proc = fake_voc.run_script('launch_local_cluster.sh', env=fake_voc.script_env(
+      WORK=tmp_path / 'work', **env))
+  assert proc.returncode == 1
+  assert words in proc.stderr, proc.stderr
+  assert not (tmp_path / 'work').exists()
+
+
 # ---------------------------------------------------------------------------
 # download_and_convert_voc2012.sh
 # ---------------------------------------------------------------------------
