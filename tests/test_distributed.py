@@ -527,9 +527,24 @@ def test_a_worker_with_options_other_than_the_chiefs_refuses_to_train(
   one_ps = cluster_spec.resolve(_options(task=1))
   two_ps = cluster_spec.resolve(_options(task=1, ps_hosts=PS + ('h:1',)))
   assert json.loads(cluster_session.run_options_text(
-      model, config.TrainOptions(), one_ps))['ClusterOptions.num_ps_tasks'] == 1
+      model, config.TrainOptions(), one_ps))['ClusterOptions.ps_hosts'] == list(
+          PS)
   assert json.loads(cluster_session.run_options_text(
-      model, config.TrainOptions(), two_ps))['ClusterOptions.num_ps_tasks'] == 2
+      model, config.TrainOptions(), two_ps))['ClusterOptions.ps_hosts'] == list(
+          PS + ('h:1',))
+  # One worker more than the chief knows is named by its flag (it read
+  # '--num_replicas=3 here, 2 on the chief', a flag never given).
+  three = cluster_spec.resolve(_options(
+      task=1, ps_hosts=hosts[:1], worker_hosts=hosts[1:] + ['h:2']))
+  with tf.Graph().as_default():
+    mine = cluster_session.ChiefOptions(cluster_session.run_options_text(
+        model, config.TrainOptions(), three))
+  differences = mine.differences(cluster_session.run_options_text(
+      model, config.TrainOptions(), worker))
+  assert app.user_message(mine.mismatch_error(differences, 1)).startswith(
+      'worker task 1 was started with options that differ from those of the '
+      'chief, which trains: --worker_hosts=%s,%s,h:2 here, %s,%s on the '
+      'chief: ' % (hosts[1], hosts[2], hosts[1], hosts[2]))
 
   # The chief stops; the ps keeps its options. A worker of the next run,
   # with other options, waits for that run's chief (it was refused), and a

@@ -69,9 +69,11 @@ def run_options_text(model_options, train_options, cluster):
   """The options every worker of a run must share, as JSON text keyed by
   'Owner.field' (the chief publishes it, see `ChiefOptions`); values that
   None leaves to a default are resolved."""
+  # The host lists themselves: a worker given one host more than the chief
+  # was told of --num_replicas, a flag it never gave.
   shared = {'ClusterOptions.sync_replicas': cluster.sync_replicas,
-            'ClusterOptions.num_ps_tasks': cluster.num_ps,
-            'ClusterOptions.num_replicas': cluster.num_workers}
+            'ClusterOptions.ps_hosts': list(cluster.ps_hosts),
+            'ClusterOptions.worker_hosts': list(cluster.worker_hosts)}
   for owner, options, skipped in (('ModelOptions', model_options, ()),
                                   ('TrainOptions', train_options,
                                    PER_MACHINE_FIELDS)):
