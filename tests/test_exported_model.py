@@ -211,7 +211,7 @@ def test_image_larger_than_the_export_crop_is_named(tiny):
   big = np.zeros((50, 30, 3), np.uint8)
   for path in (tiny['pb'], tiny['saved_model']):
     with loaded.open_exported(path) as model:
-      with pytest.raises(predictor_lib.ImageTooLargeError) as caught:
+      with pytest.raises(config.ImageTooLargeError) as caught:
         model.predict([big], names=['big_one'])
     message = caught.value.render(lambda field: '--exported_model')
     assert 'image big_one is 50x30 (height x width), too large' in message
@@ -276,7 +276,7 @@ def test_eval_of_tflite_model(tiny, checkpoint_miou, checkpoint_labels,
   # An image larger than the fixed input is named, with the file.
   big = et.tiny_images(seed=3, sizes=((57, 49),))[0][1]
   with loaded.open_exported(path) as exported:
-    with pytest.raises(predictor_lib.ImageTooLargeError,
+    with pytest.raises(config.ImageTooLargeError,
                        match='image big is 57x49 .* larger than the input '
                              '41x41 of the TFLite model'):
       exported.predict(big, names='big')

@@ -131,6 +131,29 @@ def test_cron_round_on_a_full_disk_still_ends_with_its_summary(tmp_path):
   assert not list((cron.work / 'train').iterdir())
 
 
+def _signalled(args, env, ready, signum=signal.SIGTERM, to_group=False):
+  """Runs `args` in a session of its own, sends it `signum` (to its process
+  group when `to_group`) once ready() holds, and waits for it: (its
+  process, stdout, stderr)."""
+  proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+  try:
+    deadline = time.time() + 60
+    while not ready():
+      assert time.time() < deadline and proc.poll() is None, proc.communicate()
+      time.sleep(0.05)
+    if to_group:
+      os.killpg(proc.pid, signum)
+    else:
+      proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=30)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  return proc, stdout, stderr
+
+
 _STUB_BUILD_DATA = (
     # Records (the policy reads dataset.json's splits).
     'for a in "$@"; do case $a in --output_dir=*) d=${a#*=};; esac; done\n'
@@ -204,24 +227,10 @@ def test_cron_hands_a_signal_to_the_trainer(tmp_path, to_group):
   env = _cron_with_stubs(tmp_path, cron, deeplab_build_data=_STUB_BUILD_DATA,
                          deeplab_train=_STUB_TRAINER)
   env['MARK'] = str(mark)
-  proc = subprocess.Popen(
+  proc, stdout, stderr = _signalled(
       ['bash', str(fake_voc.SCRIPTS / 'cron_retrain.sh'), '--data_dir',
-       str(cron.data), '--work_dir', str(cron.work)],
-      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      start_new_session=True)
-  try:
-    deadline = time.time() + 60
-    while not mark.exists():
-      assert time.time() < deadline and proc.poll() is None, proc.communicate()
-      time.sleep(0.05)
-    if to_group:
-      os.killpg(proc.pid, signal.SIGTERM)
-    else:
-      proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=15)
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
+       str(cron.data), '--work_dir', str(cron.work)], env, mark.exists,
+      to_group=to_group)
   assert proc.returncode == 1, (stdout, stderr)
   started, stopped = mark.read_text().splitlines()
   # To the script alone: once. A group's copy may come too (deeplab-train
@@ -524,19 +533,10 @@ def test_demo_hands_a_signal_to_the_running_step(tmp_path):
   env = fake_voc.script_env(RECORD=tmp_path / 'commands.txt', LOG=log,
                             WORK=tmp_path / 'demo')
   env['PATH'] = '%s:%s' % (stubs, env['PATH'])
-  proc = subprocess.Popen(['bash', str(fake_voc.SCRIPTS / 'demo.sh')],
-                          env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, start_new_session=True)
-  try:
-    deadline = time.time() + 60
-    while not (log.exists() and 'started' in log.read_text()):
-      assert time.time() < deadline and proc.poll() is None
-      time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)   # to the demo, not its group
-    assert proc.wait(timeout=30) == -signal.SIGTERM
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
+  proc, _, _ = _signalled(
+      ['bash', str(fake_voc.SCRIPTS / 'demo.sh')], env,
+      lambda: log.exists() and 'started' in log.read_text())
+  assert proc.returncode == -signal.SIGTERM
   assert log.read_text().splitlines() == ['started', 'TERM 1', 'done 1']
 
 
@@ -587,20 +587,9 @@ def test_local_cluster_ctrl_c_stops_the_chief_first(tmp_path):
   events = tmp_path / 'events.txt'
   env = fake_voc.script_env(WORK=work, MARKS=marks, EVENTS=events)
   env['PATH'] = '%s:%s' % (stubs, env['PATH'])
-  proc = subprocess.Popen(
-      ['bash', str(fake_voc.SCRIPTS / 'launch_local_cluster.sh')], env=env,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      start_new_session=True)
-  try:
-    deadline = time.time() + 30
-    while len(os.listdir(marks)) < 3:
-      assert time.time() < deadline and proc.poll() is None, proc.communicate()
-      time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=30)
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
+  proc, stdout, stderr = _signalled(
+      ['bash', str(fake_voc.SCRIPTS / 'launch_local_cluster.sh')], env,
+      lambda: len(os.listdir(marks)) == 3, signal.SIGINT, to_group=True)
   tasks = {name: (marks / name).read_text().split() for name in
            ('ps0', 'worker0', 'worker1')}
   assert proc.returncode == 130, (stdout, stderr)
@@ -1104,18 +1093,8 @@ def test_run_hands_a_signal_on_and_waits_for_the_command(tmp_path,
       'set -euo pipefail\nsource %s\n%s\nrun bash %s\necho after >> "$LOG"\n'
       % (fake_voc.SCRIPTS / 'common.sh', caller_trap,
          tmp_path / 'command.sh'))
-  proc = subprocess.Popen(['bash', str(tmp_path / 'script.sh')],
-                          env=dict(os.environ, LOG=str(log)),
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          start_new_session=True)
-  try:
-    deadline = time.time() + 30
-    while not (log.exists() and 'started' in log.read_text()):
-      assert time.time() < deadline and proc.poll() is None
-      time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)   # to the script, not its group
-    assert proc.wait(timeout=30) == code
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
+  proc, _, _ = _signalled(
+      ['bash', str(tmp_path / 'script.sh')], dict(os.environ, LOG=str(log)),
+      lambda: log.exists() and 'started' in log.read_text())
+  assert proc.returncode == code
   assert log.read_text().splitlines() == ['started', 'TERM 1', 'done 1'] + last

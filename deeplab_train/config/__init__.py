@@ -18,6 +18,7 @@ from deeplab_train.config.errors import ConfigError
 from deeplab_train.config.errors import render
 from deeplab_train.config.inference import EvalOptions
 from deeplab_train.config.inference import ExportOptions
+from deeplab_train.config.inference import ImageTooLargeError
 from deeplab_train.config.inference import InferenceOptions
 from deeplab_train.config.inference import TFLITE_QUANTIZE_MODES
 from deeplab_train.config.inference import VisOptions

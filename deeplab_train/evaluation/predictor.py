@@ -18,7 +18,6 @@ import tensorflow.compat.v1 as tf
 from deeplab_train import config
 from deeplab_train import restore as restore_lib
 from deeplab_train.config.inference import fitting_size
-from deeplab_train.config.inference import ImageTooLargeError
 from deeplab_train.model import deeplab
 from deeplab_train.model import registry
 
@@ -45,7 +44,7 @@ def padded_size(sizes, inference, output_stride, names=None):
     (height, width).
 
   Raises:
-    ImageTooLargeError: an image is larger than crop_size.
+    config.ImageTooLargeError: an image is larger than crop_size.
   """
   if inference.crop_size is None:
     return fitting_size(max(h for h, _ in sizes), max(w for _, w in sizes),
@@ -203,7 +202,7 @@ class Predictor:
       list of int32 arrays [h_i, w_i].
 
     Raises:
-      ImageTooLargeError: an image does not fit the fixed crop size.
+      config.ImageTooLargeError: an image does not fit the fixed crop size.
     """
     sizes = [im.shape[:2] for im in images]
     names = names if names is not None else ['#%d' % i

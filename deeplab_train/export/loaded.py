@@ -34,7 +34,6 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
 from deeplab_train.data import preprocess
-from deeplab_train.evaluation import predictor as predictor_lib
 from deeplab_train.export import freeze
 from deeplab_train.export import savedmodel
 from deeplab_train.export import tflite
@@ -179,7 +178,7 @@ class ExportedModel:
       int32 [H, W]; [N, H, W]; or a list of int32 [h_i, w_i].
 
     Raises:
-      predictor_lib.ImageTooLargeError: an image does not fit the model.
+      config.ImageTooLargeError: an image does not fit the model.
       ExportedModelError: the model failed on an image.
     """
     if isinstance(images, np.ndarray) and images.ndim == 3:
@@ -254,7 +253,7 @@ class _GraphModel(ExportedModel):
     except tf.errors.InvalidArgumentError as e:
       message = _first_meaningful_line(e.message)
       if 'larger than the export crop size' in e.message:
-        raise predictor_lib.ImageTooLargeError(
+        raise config.ImageTooLargeError(
             'image %s is %dx%d (height x width), too large for the exported '
             'model {open_exported.path}=%s: %s', ', '.join(names),
             images.shape[1], images.shape[2], self.path, message) from None
@@ -431,7 +430,7 @@ class _TfliteModel(ExportedModel):
       images = np.stack([self._resizer.image(image) for image in images])
     h, w = images.shape[1:3]
     if h > self.input_size[0] or w > self.input_size[1]:
-      raise predictor_lib.ImageTooLargeError(
+      raise config.ImageTooLargeError(
           'image %s is %dx%d (height x width%s), larger than the input '
           '%dx%d of the TFLite model {open_exported.path}=%s: re-export with '
           'a larger crop size', ', '.join(names), h, w,
