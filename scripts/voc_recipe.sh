@@ -109,7 +109,7 @@ run_on_train_logdir() {
   need_cmd "deeplab-$kind"
   if [[ -n $(latest_checkpoint "$TRAIN_LOGDIR") ]]; then
     model_flags_for_checkpoint_dir "$TRAIN_LOGDIR"
-  elif ((count == 0)); then
+  elif ((10#$count == 0)); then
     # Following a run that has not saved yet: deeplab-train writes its
     # deeplab_config.json with the first checkpoint, and deeplab-$kind
     # waits for it; recipe flags would contradict another recipe's run.
