@@ -222,12 +222,27 @@ def checkpoint_reader(prefix):
     raise
 
 
+# The ranges quantisation-aware training (the original's
+# --quantize_delay_step) keeps beside a layer's variables, e.g. the model
+# zoo's 8-bit checkpoints: 'MobilenetV2/Conv/weights_quant/min'.
+QUANTISATION_RANGE_SUFFIXES = ('weights_quant/min', 'weights_quant/max',
+                               'act_quant/min', 'act_quant/max')
+# Checkpoint variables that no network builds (by their last name part),
+# beside those ranges and the optimizer's slots ('<variable>/Momentum'):
+# the step counter and Adam's powers of its decay rates.
+_NOT_MODEL_VARIABLES = ('global_step', 'beta1_power', 'beta2_power')
+
+
 def compare_shapes(prefix, variables):
   """How the checkpoint `prefix` fits `variables` (tf.Variables).
 
   Returns:
     (names of the variables it lacks, [(name, its shape in the checkpoint,
-    the variable's shape)] of those it holds with another shape).
+    the variable's shape)] of those it holds with another shape, names of
+    the network variables it holds that `variables` lack: a part of the
+    network the flags left out, e.g. the decoder). Optimizer slots
+    ('<variable>/Momentum'), the global step and quantisation ranges are
+    not network variables.
   """
   shapes = checkpoint_reader(prefix).get_variable_to_shape_map()
   missing, reshaped = [], []
@@ -237,4 +252,11 @@ def compare_shapes(prefix, variables):
       missing.append(name)
     elif list(shapes[name]) != var.shape.as_list():
       reshaped.append((name, list(shapes[name]), var.shape.as_list()))
-  return missing, reshaped
+  built = {var.op.name for var in variables}
+  unused = sorted(
+      name for name in shapes
+      if name not in built
+      and name.rsplit('/', 1)[-1] not in _NOT_MODEL_VARIABLES
+      and not name.endswith(QUANTISATION_RANGE_SUFFIXES)
+      and name.rsplit('/', 1)[0] not in shapes)
+  return missing, reshaped, unused

@@ -196,6 +196,20 @@ def test_a_checkpoint_of_another_shape_without_saved_options_is_refused(
   assert sorted(os.listdir(logdir)) == before
   code, result = _main(_args(tmp_path, records, '--training_number_of_steps=2'))
   assert (code, result['global_step']) == (0, 2)
+  # Flags that leave a part of the network out (the original's decoder
+  # without --decoder_output_stride): the run resumed, saved the network
+  # without it and its options, and the right flags were then refused.
+  decoder = tmp_path / 'decoder'
+  assert _main(tt.tiny_cli_args(decoder, records, 5, '--decoder_output_stride=4',
+                                '--training_number_of_steps=1'))[0] == 0
+  (decoder / config.RUN_CONFIG_FILENAME).unlink()
+  before = sorted(os.listdir(decoder))
+  code, result = _main(tt.tiny_cli_args(decoder, records, 5,
+                                        '--training_number_of_steps=2'))
+  assert (code, result['status']) == (2, 'bad_input')
+  assert ("that this run's graph does not build, e.g. decoder/"
+          in result['message']), result['message']
+  assert sorted(os.listdir(decoder)) == before
 
 
 def test_saved_config_without_a_checkpoint_takes_new_model_flags(tmp_path,

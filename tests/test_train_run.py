@@ -2,6 +2,7 @@
 the JSON result; and the loss falling on sample images (slow)."""
 import json
 import os
+import shutil
 import socket
 
 import numpy as np
@@ -335,6 +336,37 @@ def test_lost_checkpoint_state_resumes_from_the_newest_complete_checkpoint(
   assert (tmp_path / 'model.ckpt-0.index').read_bytes() == first
   assert 'resuming from the newest complete checkpoint on disk' in caplog.text
   assert tf.train.latest_checkpoint(str(tmp_path)).endswith('model.ckpt-5')
+
+
+def test_a_copied_logdir_resumes_from_its_own_checkpoints(tmp_path, caplog):
+  """The original writes absolute paths in the state file: a logdir copied
+  from another folder resumed from that folder's checkpoint, and the saver
+  then deleted that folder's checkpoints (kept only --keep_checkpoint_max
+  of the list). The copy's own files are used now, the source left alone."""
+  source, copy = tmp_path / 'source', tmp_path / 'copy'
+  _train(source, steps=3, save_interval_steps=1)
+  shutil.copytree(source, copy)
+  steps = sorted(p.name for p in source.glob('model.ckpt-*.index'))
+  state = 'model_checkpoint_path: "%s/model.ckpt-3"\n' % source + ''.join(
+      'all_model_checkpoint_paths: "%s/%s"\n' % (source, name[:-6])
+      for name in steps)
+  (copy / 'checkpoint').write_text(state)
+  before = sorted(os.listdir(source))
+  with caplog.at_level('WARNING'):
+    result = _train(copy, steps=5, save_interval_steps=1,
+                    keep_checkpoint_max=1)
+  assert result.status == 'ok' and result.global_step == 5
+  assert 'names %s/model.ckpt-3, outside this folder' % source in caplog.text
+  assert sorted(os.listdir(source)) == before
+  assert tf.train.latest_checkpoint(str(copy)) == str(copy / 'model.ckpt-5')
+  # A state file naming another folder, beside no checkpoint of its own.
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  (empty / 'checkpoint').write_text(state)
+  result = _train(empty, steps=6)
+  assert result.status == 'bad_input'
+  assert ('outside this folder, and the folder holds no checkpoint of its '
+          'own') in result.message
 
 
 def _truncate(path):

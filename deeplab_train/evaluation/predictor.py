@@ -9,6 +9,7 @@ do not depend on the batch it is in. Checkpoints are
 checked against the graph's variables before restoring, so a checkpoint of a
 different network fails with a message instead of a TensorFlow trace.
 """
+import logging
 import os
 import re
 
@@ -20,6 +21,7 @@ from deeplab_train import restore as restore_lib
 from deeplab_train.config.inference import fitting_size
 from deeplab_train.model import deeplab
 from deeplab_train.model import registry
+from deeplab_train.runtime import checkpoint_state
 
 
 class NoCheckpointError(config.ConfigError):
@@ -79,6 +81,15 @@ def resolve_checkpoint(path):
   path = restore_lib.prefix_of(path)
   if os.path.isdir(path):
     latest = tf.train.latest_checkpoint(path)
+    if latest is None or not checkpoint_state.inside(latest, path):
+      # A logdir moved or copied with the original's absolute paths: its
+      # state file names files that are gone, or another folder's.
+      local = checkpoint_state.complete_checkpoints(path)
+      if local:
+        logging.warning('the state file of %s names %s; using the newest '
+                        'complete checkpoint in the folder, %s', path,
+                        latest or 'no checkpoint that exists', local[-1])
+        latest = local[-1]
     if latest is None:
       raise NoCheckpointError(
           'no checkpoint in %s (no "checkpoint" state file naming an existing '
@@ -102,15 +113,17 @@ def checkpoint_global_step(checkpoint_path):
 
 
 def check_checkpoint_matches(checkpoint_path, variables):
-  """Raises CheckpointMismatchError when variables are missing or reshaped.
+  """Raises CheckpointMismatchError when variables are missing, reshaped or
+  left out of the network.
 
   Args:
     checkpoint_path: a checkpoint prefix.
     variables: the graph's tf.Variables to restore.
   """
-  missing, reshaped = restore_lib.compare_shapes(checkpoint_path, variables)
+  missing, reshaped, unused = restore_lib.compare_shapes(checkpoint_path,
+                                                         variables)
   reshaped = ['%s: checkpoint %s, network %s' % entry for entry in reshaped]
-  if missing or reshaped:
+  if missing or reshaped or unused:
     details = []
     if missing:
       details.append('%d variable(s) missing, e.g. %s'
@@ -118,6 +131,11 @@ def check_checkpoint_matches(checkpoint_path, variables):
     if reshaped:
       details.append('%d with another shape, e.g. %s'
                      % (len(reshaped), '; '.join(reshaped[:3])))
+    if unused:
+      # A part of the network the flags left out (the decoder, ASPP): its
+      # predictions were scored without a word.
+      details.append('%d in the checkpoint that the network does not build, '
+                     'e.g. %s' % (len(unused), ', '.join(unused[:3])))
     run_config = os.path.join(os.path.dirname(checkpoint_path),
                               config.RUN_CONFIG_FILENAME)
     if os.path.isfile(run_config):

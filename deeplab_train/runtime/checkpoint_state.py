@@ -46,6 +46,12 @@ def complete_checkpoints(logdir, basename='model.ckpt'):
   return [prefix for _, prefix in sorted(found)]
 
 
+def inside(prefix, folder):
+  """Whether the checkpoint `prefix` lies in `folder` itself."""
+  return (os.path.dirname(os.path.realpath(prefix)) ==
+          os.path.realpath(folder))
+
+
 def readable(prefix):
   """Whether every tensor of the checkpoint `prefix` can be read (a
   truncated or damaged data file cannot)."""
@@ -120,12 +126,22 @@ def repair(logdir, basename='model.ckpt'):
     latest = tf.train.latest_checkpoint(logdir)
   except (UnicodeDecodeError, ValueError, tf.errors.OpError):
     latest = None  # a state file that is not text: TensorFlow raises
-  if latest and readable(latest):
+  elsewhere = latest is not None and not inside(latest, logdir)
+  if latest and not elsewhere and readable(latest):
     return latest
   if not os.path.isdir(logdir):
     return None
   state = os.path.join(logdir, 'checkpoint')
-  if latest:
+  if elsewhere:
+    # A logdir copied with the original's absolute paths: resumed from
+    # there, the saver then deleted that folder's checkpoints.
+    if not complete_checkpoints(logdir, basename):
+      raise config.ConfigError(
+          'the state file %s names %s, outside this folder, and the folder '
+          'holds no checkpoint of its own: copy that checkpoint here, or start '
+          'from it with {TrainOptions.tf_initial_checkpoint}', state, latest)
+    why = 'names %s, outside this folder (a copied logdir?)' % latest
+  elif latest:
     why = 'names %s, which cannot be read (damaged or cut short)' % latest
   elif not os.path.exists(state):
     why = 'is missing'

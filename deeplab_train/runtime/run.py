@@ -622,7 +622,8 @@ _NOT_IN_CHECKPOINT = re.compile(r'Key (\S+) not found in checkpoint')
 
 def _check_shapes_resumable(checkpoint, graph, logdir):
   """Raises ConfigError when the logdir's last checkpoint holds variables
-  of this run's graph with another shape: it was trained with other model
+  of this run's graph with another shape, or network variables the graph
+  does not build (e.g. a decoder): it was trained with other model
   flags (a logdir without deeplab_config.json, e.g. the original's, takes
   the flags). Before, the restore passed, the run wrote its options to
   deeplab_config.json, and its first step failed (exit 1, a TensorFlow
@@ -630,17 +631,27 @@ def _check_shapes_resumable(checkpoint, graph, logdir):
   with graph.as_default():
     # Missing variables are named by the restore itself (see
     # _NOT_IN_CHECKPOINT).
-    _, reshaped = restore.compare_shapes(checkpoint, tf.global_variables())
+    _, reshaped, unused = restore.compare_shapes(checkpoint,
+                                                 tf.global_variables())
+  advice = ('It was trained with other model flags '
+            '({ModelOptions.model_variant}, {ModelOptions.depth_multiplier}, '
+            '{ModelOptions.atrous_rates}, '
+            '{ModelOptions.decoder_output_stride}, ...): pass those, or start '
+            'a new {RunOptions.train_logdir}')
   if reshaped:
     name, saved, built = reshaped[0]
     raise config.ConfigError(
         'the last checkpoint in %s (%s) holds %d variable(s) of another shape '
-        'than this run\'s graph, e.g. %s: %s in the checkpoint, %s here. It '
-        'was trained with other model flags ({ModelOptions.model_variant}, '
-        '{ModelOptions.depth_multiplier}, {ModelOptions.atrous_rates}, '
-        '{ModelOptions.decoder_output_stride}, ...): pass those, or start a '
-        'new {RunOptions.train_logdir}', logdir, os.path.basename(checkpoint),
-        len(reshaped), name, list(saved), built)
+        'than this run\'s graph, e.g. %s: %s in the checkpoint, %s here. '
+        + advice, logdir, os.path.basename(checkpoint), len(reshaped), name,
+        list(saved), built)
+  if unused:
+    # Resumed, the run saved the network without them (and its options),
+    # and the right flags were then refused.
+    raise config.ConfigError(
+        'the last checkpoint in %s (%s) holds %d variable(s) that this run\'s '
+        'graph does not build, e.g. %s. ' + advice, logdir,
+        os.path.basename(checkpoint), len(unused), ', '.join(unused[:3]))
 
 
 def _check_cluster_run(run_options):

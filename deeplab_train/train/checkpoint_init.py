@@ -27,11 +27,6 @@ from deeplab_train.train import scopes
 
 # How many variable names a log line or error message lists.
 _SHOW = 5
-# The ranges quantisation-aware training (the original's
-# --quantize_delay_step) keeps beside a layer's variables, e.g. the model
-# zoo's 8-bit checkpoints: 'MobilenetV2/Conv/weights_quant/min'.
-QUANTISATION_RANGE_SUFFIXES = ('weights_quant/min', 'weights_quant/max',
-                               'act_quant/min', 'act_quant/max')
 
 
 def resolve_checkpoint(path):
@@ -206,7 +201,7 @@ def make_init_plan(checkpoint, variables, exclude_scopes=(),
   model_names = {scopes.variable_name(v) for v in variables}
   unused = [n for n in sorted(ckpt_shapes)
             if n not in model_names and n != 'global_step']
-  ranges = [n for n in unused if n.endswith(QUANTISATION_RANGE_SUFFIXES)]
+  ranges = [n for n in unused if n.endswith(restore_lib.QUANTISATION_RANGE_SUFFIXES)]
   if ranges:
     hints.append(
         'the checkpoint holds %d quantisation ranges (e.g. %s) of '
