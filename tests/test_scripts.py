@@ -160,19 +160,26 @@ _STUB_BUILD_DATA = (
     'mkdir -p "$d" && printf \'{}\' > "$d/dataset.json"\n')
 
 
+def _with_stubs(tmp_path, env, stubs):
+  """`env` with tmp_path/stubs first on its PATH, holding each command of
+  `stubs` ({name: script text}) as an executable."""
+  folder = tmp_path / 'stubs'
+  folder.mkdir(exist_ok=True)
+  for command, text in stubs.items():
+    (folder / command).write_text(text)
+    (folder / command).chmod(0o755)
+  env['PATH'] = '%s:%s' % (folder, env['PATH'])
+  return env
+
+
 def _cron_with_stubs(tmp_path, cron, **bodies):
   """The environment of a round whose deeplab-* commands are the shell
   `bodies` (by command name, dashes as underscores); the others exit 9."""
-  stubs = tmp_path / 'stubs'
-  stubs.mkdir()
-  for command in ('deeplab-build-data', 'deeplab-train', 'deeplab-eval',
-                  'deeplab-export'):
-    body = bodies.get(command.replace('-', '_'), 'exit 9\n')
-    (stubs / command).write_text('#!/bin/bash\n' + body)
-    (stubs / command).chmod(0o755)
-  env = fake_voc.script_env(**cron.settings)
-  env['PATH'] = '%s:%s' % (stubs, env['PATH'])
-  return env
+  return _with_stubs(tmp_path, fake_voc.script_env(**cron.settings), {
+      command: '#!/bin/bash\n' + bodies.get(command.replace('-', '_'),
+                                            'exit 9\n')
+      for command in ('deeplab-build-data', 'deeplab-train', 'deeplab-eval',
+                      'deeplab-export')})
 
 
 def test_cron_summary_says_why_a_command_failed(tmp_path):
@@ -256,20 +263,16 @@ def _recorded_args(tmp_path, script, **env):
 
 def _run_with_stubs(tmp_path, script, **env):
   """`_recorded_args` of any outcome: (the finished script, the argv)."""
-  stubs = tmp_path / 'stubs'
-  stubs.mkdir(exist_ok=True)
   record = tmp_path / 'args.txt'
-  for command in ('deeplab-train', 'deeplab-eval', 'deeplab-vis',
-                  'deeplab-export'):
-    stub = stubs / command
-    stub.write_text('#!/bin/sh\nprintf "%%s\\n" "%s" "$@" > "%s"\n'
-                    % (command, record))
-    stub.chmod(0o755)
   full_env = fake_voc.script_env(**env)
   for name in fake_voc.TINY_MODEL_ENV:   # the recipe defaults, not the tiny model
     if name not in env:
       del full_env[name]
-  full_env['PATH'] = '%s:%s' % (stubs, full_env['PATH'])
+  _with_stubs(tmp_path, full_env, {
+      command: '#!/bin/sh\nprintf "%%s\\n" "%s" "$@" > "%s"\n'
+      % (command, record)
+      for command in ('deeplab-train', 'deeplab-eval', 'deeplab-vis',
+                      'deeplab-export')})
   record.unlink(missing_ok=True)
   proc = fake_voc.run_script(script, env=full_env)
   return proc, record.read_text().splitlines() if record.exists() else []
@@ -427,19 +430,17 @@ done
 """
 
 
+_DEMO_COMMANDS = ('deeplab-build-data', 'deeplab-train', 'deeplab-eval',
+                  'deeplab-vis', 'deeplab-export')
+
+
 def _run_demo(tmp_path, *args, **env):
   """Runs demo.sh with deeplab-* stubs; returns (proc, {command: argv})."""
-  stubs = tmp_path / 'stubs'
-  stubs.mkdir(exist_ok=True)
-  for command in ('deeplab-build-data', 'deeplab-train', 'deeplab-eval',
-                  'deeplab-vis', 'deeplab-export'):
-    (stubs / command).write_text(_STUB)
-    (stubs / command).chmod(0o755)
   record = tmp_path / 'commands.txt'
   full_env = fake_voc.script_env(RECORD=record, **env)
   for name in fake_voc.TINY_MODEL_ENV:   # the demo's own settings
     del full_env[name]
-  full_env['PATH'] = '%s:%s' % (stubs, full_env['PATH'])
+  _with_stubs(tmp_path, full_env, dict.fromkeys(_DEMO_COMMANDS, _STUB))
   proc = fake_voc.run_script('demo.sh', *args, env=full_env)
   commands = {}
   if record.exists():
@@ -521,18 +522,12 @@ def test_demo_hands_a_signal_to_the_running_step(tmp_path):
   """A SIGTERM to demo.sh alone ended it at once (143) and left the
   training running as an orphan: the next demo found the logdir locked.
   The training step now gets it, ends first, then the demo."""
-  stubs = tmp_path / 'stubs'
-  stubs.mkdir()
-  for command in ('deeplab-build-data', 'deeplab-eval', 'deeplab-vis',
-                  'deeplab-export'):
-    (stubs / command).write_text(_STUB)
-    (stubs / command).chmod(0o755)
-  (stubs / 'deeplab-train').write_text('#!/bin/bash\n' + _FAKE_COMMAND)
-  (stubs / 'deeplab-train').chmod(0o755)
   log = tmp_path / 'log.txt'
-  env = fake_voc.script_env(RECORD=tmp_path / 'commands.txt', LOG=log,
-                            WORK=tmp_path / 'demo')
-  env['PATH'] = '%s:%s' % (stubs, env['PATH'])
+  env = _with_stubs(
+      tmp_path, fake_voc.script_env(RECORD=tmp_path / 'commands.txt',
+                                    LOG=log, WORK=tmp_path / 'demo'),
+      dict(dict.fromkeys(_DEMO_COMMANDS, _STUB),
+           **{'deeplab-train': '#!/bin/bash\n' + _FAKE_COMMAND}))
   proc, _, _ = _signalled(
       ['bash', str(fake_voc.SCRIPTS / 'demo.sh')], env,
       lambda: log.exists() and 'started' in log.read_text())
@@ -574,19 +569,16 @@ def test_local_cluster_ctrl_c_stops_the_chief_first(tmp_path):
   parameter server, which died at once: the chief could not write its
   final checkpoint, and no worker wrote its result. Only the chief now
   runs in the script's group; worker 1 and the ps are stopped after it."""
-  stubs, marks = tmp_path / 'stubs', tmp_path / 'marks'
-  stubs.mkdir()
+  marks = tmp_path / 'marks'
   marks.mkdir()
-  (stubs / 'deeplab-train').write_text(_CLUSTER_TASK)
-  (stubs / 'deeplab-train').chmod(0o755)
-  (stubs / 'deeplab-build-data').write_text('#!/bin/sh\nexit 9\n')
-  (stubs / 'deeplab-build-data').chmod(0o755)
   work = tmp_path / 'work'
   (work / 'tfrecord').mkdir(parents=True)
   (work / 'tfrecord' / 'dataset.json').write_text('{}')
   events = tmp_path / 'events.txt'
-  env = fake_voc.script_env(WORK=work, MARKS=marks, EVENTS=events)
-  env['PATH'] = '%s:%s' % (stubs, env['PATH'])
+  env = _with_stubs(
+      tmp_path, fake_voc.script_env(WORK=work, MARKS=marks, EVENTS=events),
+      {'deeplab-train': _CLUSTER_TASK,
+       'deeplab-build-data': '#!/bin/sh\nexit 9\n'})
   proc, stdout, stderr = _signalled(
       ['bash', str(fake_voc.SCRIPTS / 'launch_local_cluster.sh')], env,
       lambda: len(os.listdir(marks)) == 3, signal.SIGINT, to_group=True)
