@@ -105,11 +105,14 @@ def remove_leftover_temps(path, dead_only=False):
   """Removes `leftover_temps(path)`. Call only when no writer of `path`
   is running (e.g. under the lock of its folder), or with `dead_only`:
   then only those of processes of this host that are gone, and none while
-  `path` is missing (a killed `replace_dir` left the folder it replaces
-  and its replacement under temp names: `finish_replace_dir`)."""
-  if dead_only and not os.path.lexists(path):
+  `path` is missing and a folder put aside for it is there (a killed
+  `replace_dir` left the folder it replaces and its replacement under temp
+  names: `finish_replace_dir`)."""
+  leftovers = leftover_temps(path)
+  if dead_only and not os.path.lexists(path) and any(
+      leftover.endswith('.old') for leftover in leftovers):
     return
-  for leftover in leftover_temps(path):
+  for leftover in leftovers:
     if dead_only and not left_by_a_dead_process(leftover):
       continue
     _remove(leftover)

@@ -200,12 +200,25 @@ def test_temps_of_killed_writers_are_removed_by_the_next_write(tmp_path):
     os.makedirs(tmp)
   assert not [n for n in os.listdir(tmp_path) if n.startswith('.saved')]
   # While the path is missing, what a killed replace_dir put aside is kept
-  # for atomic.finish_replace_dir.
+  # for atomic.finish_replace_dir, with its finished replacement.
   aside = tmp_path / ('.gone.tmp-%d@%s.old' % (dead, host))
   aside.mkdir()
+  finished = tmp_path / ('.gone.tmp-%d@%s' % (dead, host))
+  finished.mkdir()
   with atomic.writing_dir(str(tmp_path / 'gone')) as tmp:
     os.makedirs(tmp)
-  assert aside.is_dir()
+  assert aside.is_dir() and finished.is_dir()
+  # A first write that was killed (nothing in place yet, nothing put
+  # aside): its temp goes at the next write, not one write later.
+  first = tmp_path / ('.first.pb.tmp-%d@%s' % (dead, host))
+  first.write_bytes(b'partial')
+  atomic.write_bytes(str(tmp_path / 'first.pb'), b'new')
+  assert not first.exists()
+  first_dir = tmp_path / ('.first_saved.tmp-%d@%s' % (dead, host))
+  first_dir.mkdir()
+  with atomic.writing_dir(str(tmp_path / 'first_saved')) as tmp:
+    os.makedirs(tmp)
+  assert not first_dir.exists()
 
 
 def test_temp_names_carry_pid_and_host_and_name_their_target(tmp_path):
