@@ -344,7 +344,9 @@ def remove_partial_checkpoint(path):
 class ProgressHook(tf.train.SessionRunHook):
   """Logs step, loss, learning rate, images/s and ETA every `every_n_steps`.
 
-  Also keeps the last loss and step for the run's result.
+  Also keeps the last loss and step for the run's result, and the number of
+  steps this task ran (in a synchronous cluster two of a fast worker's
+  steps can make one update of the global step: that step is logged once).
   """
 
   def __init__(self, fetches, batch_size, last_step, every_n_steps,
@@ -359,18 +361,23 @@ class ProgressHook(tf.train.SessionRunHook):
     self.loss = None
     self.step = None
     self.seconds_per_step = None
+    self.steps_run = 0
 
   def before_run(self, run_context):
     return tf.train.SessionRunArgs(self._fetches)
 
   def after_run(self, run_context, run_values):
     r = run_values.results
+    previous = self.step
     self.loss, self.step = float(r['loss']), int(r['step'])
+    self.steps_run += 1
     now = time.time()
     if self._mark is None:
       # The first step includes graph warm-up: time from its end.
       self._mark = (self.step, now)
       self._log(self._line(r, None))
+      return
+    if self.step == previous:
       return
     if self.step % self._every == 0 or self.step >= self._last_step:
       steps = self.step - self._mark[0]

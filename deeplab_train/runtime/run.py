@@ -209,13 +209,12 @@ class TrainingRun:
         % (why or reason + ' again', step, resumes))
 
   def steps_done(self):
-    """(steps this run has done, seconds per step or None), from any
+    """(steps this task has run, seconds per step or None), from any
     thread."""
     hooks = self._hooks_now
-    if hooks is None or hooks.progress.step is None:
+    if hooks is None:
       return 0, None
-    return (hooks.progress.step - self._start_step,
-            hooks.progress.seconds_per_step)
+    return hooks.progress.steps_run, hooks.progress.seconds_per_step
 
   def execute(self, handle_signals=True):
     """Locks the logdir and trains; every expected ending is a result."""
