@@ -280,10 +280,8 @@ def _cluster_graph(task, sync, num_ps=2):
       model_fn=tt.toy_model_fn(), last_layer_scopes=['logits'],
       graph_device=cluster_lib.variables_device(c),
       wrap_optimizer=lambda opt: cluster_lib.wrap_optimizer(opt, c))
-  if sync:
-    # Read by SyncReplicasHook in a session; unused here (TensorFlow would
-    # log that).
-    g.optimizer.ready_for_local_init_op.mark_used()
+  # No session runs it here.
+  cluster_lib.without_steps(g.optimizer)
   return c, g
 
 
@@ -576,14 +574,100 @@ def test_join_hook_stops_a_worker_joining_a_finished_run():
   assert stopped and hook.finished_step == 30
 
 
-def test_join_hook_lets_a_worker_start_at_once_or_after_its_delay():
-  hook, stopped = _join(start_at=5, last_step=30, start_step=0)
+def test_join_hook_lets_a_worker_start_at_once_or_after_its_delay(caplog):
+  with caplog.at_level('INFO'):
+    hook, stopped = _join(start_at=5, last_step=30, start_step=0)
   assert not stopped and hook.finished_step is None
+  # Its log names the step it starts from (the run's, not 0).
+  assert 'Joining the run at global step 5 (last step 30)' in caplog.text
   hook, stopped = _join(start_at=0, last_step=30, start_step=4, later=4)
   assert not stopped and hook.waited >= 0.25
   # A start step past the end: it waits for the end only, then stops.
   hook, stopped = _join(start_at=0, last_step=3, start_step=15, later=3)
   assert stopped and hook.finished_step == 3
+
+
+class _StopAt(tf.train.SessionRunHook):
+  """Requests a stop once the global step reaches `step` (as a signal or
+  the time budget would); at `end`, notes whether the token queue was
+  already closed (a hook before SyncReplicasHook, as CheckpointHook is)."""
+
+  def __init__(self, global_step, step, queue_closed):
+    self._global_step = global_step
+    self._step = step
+    self._queue_closed = queue_closed
+    self.closed_at_end = None
+
+  def after_run(self, run_context, run_values):
+    if run_context.session.run(self._global_step) >= self._step:
+      run_context.request_stop()
+
+  def end(self, session):
+    self.closed_at_end = bool(session.run(self._queue_closed))
+
+
+def _lone_sync_chief():
+  """(global step, SyncReplicasOptimizer of a chief alone, its train op)."""
+  global_step = tf.train.get_or_create_global_step()
+  weight = tf.Variable(1.0)
+  # One replica's gradients make an update.
+  opt = tf.train.SyncReplicasOptimizer(
+      tf.train.GradientDescentOptimizer(0.1), replicas_to_aggregate=1,
+      total_num_replicas=1)
+  return global_step, opt, opt.minimize(tf.square(weight),
+                                        global_step=global_step)
+
+
+def test_a_chief_stopping_early_closes_the_token_queue_before_its_last_save():
+  """Before, the queue was closed at the very end: the final checkpoint's
+  save then chased the updates the other workers' gradients kept making,
+  and the stop-when-stuck grace could end the chief during it."""
+  with tf.Graph().as_default():
+    global_step, opt, train_op = _lone_sync_chief()
+    queue_closed = opt._sync_token_queue.is_closed()  # pylint: disable=protected-access
+    probe = _StopAt(global_step, 3, queue_closed)
+    hooks = [probe, cluster_lib.SyncReplicasHook(opt, True, global_step, 100)]
+    with tf.train.MonitoredSession(hooks=hooks) as sess:
+      while not sess.should_stop():
+        sess.run(train_op)
+  assert probe.closed_at_end is True
+
+
+class _RecordingSession:
+  """Answers 0 for any fetch but the apply op (cancelled, as by a closed
+  session); records what was run."""
+
+  def __init__(self, apply_op):
+    self.ran = []
+    self._apply_op = apply_op
+
+  def run(self, fetches):
+    self.ran.append(fetches)
+    if fetches is self._apply_op:
+      raise tf.errors.CancelledError(None, None, 'session closed')
+    return 0
+
+
+def test_a_stopped_chief_starts_no_apply_step():
+  """An apply step started as the session closes can miss its cancellation
+  on the ps and hold the close for ever: none starts once the chief stops."""
+  with tf.Graph().as_default():
+    global_step, opt, _ = _lone_sync_chief()
+    cluster_lib.without_steps(opt)  # no real session here
+    hook = cluster_lib.SyncReplicasHook(opt, True, global_step, 100)
+    hook.begin()
+    runner = opt.get_chief_queue_runner()
+    apply_op = runner.enqueue_ops[0]
+    session = _RecordingSession(apply_op)
+    context = tf.train.SessionRunContext(None, session)
+    context.request_stop()
+    hook.after_run(context, None)
+    ran_at_stop = list(session.ran)
+    hook._apply_loop(session, tf.train.Coordinator())  # pylint: disable=protected-access
+  # The token queue was closed (the run stopped before its last step), and
+  # no apply step ran after the stop.
+  assert any(op is runner.cancel_op for op in ran_at_stop)
+  assert not any(op is apply_op for op in session.ran)
 
 
 # ---------------------------------------------------------------------------
@@ -760,6 +844,10 @@ def test_synchronous_cluster_trains_and_the_chief_checkpoint_evaluates(
   # Both replicas ran training steps (a progress line per step).
   assert cluster.steps('worker0') and cluster.steps('worker1')
   assert 'SyncReplicas' in cluster.log('worker1')
+  # A worker knows its first step once it joins, not before.
+  assert ('Training mobilenet_v2 up to step 16, from the step the chief '
+          'reached' in cluster.log('worker1'))
+  assert 'Joining the run at global step' in cluster.log('worker1')
   code, evaluated = _eval_checkpoint(cluster, records)
   assert code == 0, evaluated
   assert evaluated['global_step'] == steps
@@ -779,6 +867,8 @@ def test_synchronous_cluster_trains_and_the_chief_checkpoint_evaluates(
   code1, worker = cluster.finish('worker1_again', timeout=120)
   assert (code0, code1) == (0, 0), (chief, worker)
   assert chief['stop_reason'] == worker['stop_reason'] == 'nothing_to_do'
+  # Its graph's synchronous set-up, which no step needed, is no error.
+  assert 'never used' not in cluster.log('worker0_again')
   assert worker['global_step'] == steps
 
 

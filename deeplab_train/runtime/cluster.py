@@ -120,6 +120,14 @@ def optimizer_hooks(optimizer, cluster, global_step, last_step):
   return []
 
 
+def without_steps(optimizer):
+  """For a session of the training graph that runs no step (a chief with
+  nothing to do): its synchronous set-up goes unused, which TensorFlow
+  would log as an error ('Object was never used') when the graph goes."""
+  if isinstance(optimizer, tf.train.SyncReplicasOptimizer):
+    optimizer.ready_for_local_init_op.mark_used()
+
+
 class SyncReplicasHook(tf.train.SessionRunHook):
   """Session set-up of synchronous training.
 
@@ -147,6 +155,8 @@ class SyncReplicasHook(tf.train.SessionRunHook):
     self._global_step = global_step
     self._last_step = last_step
     self._thread = None
+    self._stopping = threading.Event()
+    self._queue_closed = False
 
   def begin(self):
     opt = self._optimizer
@@ -185,7 +195,12 @@ class SyncReplicasHook(tf.train.SessionRunHook):
     self._thread.start()
 
   def _apply_loop(self, session, coord):
-    while not coord.should_stop():
+    # No apply step starts once the chief stops. Closing the session
+    # cancels the step waiting for gradients; but a step that has only just
+    # reached the ps can miss that cancellation (TensorFlow's gRPC worker
+    # service drops a cancellation that comes before the step's handler
+    # listens for one), and the close would then wait for it for ever.
+    while not coord.should_stop() and not self._stopping.is_set():
       try:
         session.run(self._apply_op)
       except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
@@ -194,14 +209,30 @@ class SyncReplicasHook(tf.train.SessionRunHook):
         coord.request_stop(e)
         return
 
+  def after_run(self, run_context, run_values):
+    # Stopping here (a signal, the time budget; this hook comes after
+    # those): the queue is closed before the final checkpoint is saved
+    # (CheckpointHook.end), so that the other workers' updates, which the
+    # apply thread would go on making, do not move the step it saves.
+    if self._is_chief and run_context.stop_requested:
+      self._stop(run_context.session)
+
   def end(self, session):
-    if not self._is_chief:
+    if self._is_chief:
+      self._stop(session)
+
+  def _stop(self, session):
+    """Starts no more apply steps; before the last step, also stops the
+    other workers."""
+    self._stopping.set()
+    if self._queue_closed:
       return
     step = int(session.run(self._global_step))
     if step < self._last_step:
       logging.info('Stopping before the last step: closing the token queue '
                    'so the other workers stop too')
       session.run(self._close_queue_op)
+      self._queue_closed = True
 
 
 class JoinHook(tf.train.SessionRunHook):
@@ -244,3 +275,6 @@ class JoinHook(tf.train.SessionRunHook):
                    'to do for this worker', step, self._last_step)
       self.finished_step = step
       coord.request_stop()
+    else:
+      logging.info('Joining the run at global step %d (last step %d)', step,
+                   self._last_step)

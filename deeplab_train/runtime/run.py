@@ -278,9 +278,13 @@ class TrainingRun:
     g = self._training_graph(init)
     if latest and self.role.decides_weights:
       _check_shapes_resumable(latest, g.graph, spec.run_options.train_logdir)
-    logging.info('Training %s from step %d to %d: batch %d on %d tower(s), '
-                 'crop %s, output stride %d', spec.model_options.model_variant,
-                 start_step, last_step, spec.train_options.train_batch_size,
+    # A worker learns the step it starts from when it joins (JoinHook).
+    steps = ('from step %d to %d' % (start_step, last_step)
+             if self.role.decides_weights else
+             'up to step %d, from the step the chief reached' % last_step)
+    logging.info('Training %s %s: batch %d on %d tower(s), crop %s, output '
+                 'stride %d', spec.model_options.model_variant, steps,
+                 spec.train_options.train_batch_size,
                  spec.train_options.num_clones, spec.model_options.crop_size,
                  spec.model_options.output_stride)
     if self.stop.reason:
@@ -305,6 +309,7 @@ class TrainingRun:
     Without this, ps tasks restarted since the run finished left them
     waiting (up to two hours)."""
     g = self._training_graph(init)
+    cluster_lib.without_steps(g.optimizer)
     with g.graph.as_default():
       with self._open_session(g, []):
         logging.info('The parameter servers hold the finished run: the other '
