@@ -25,6 +25,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
+from deeplab_train.cli import train as train_cli
 from deeplab_train.runtime import cluster as cluster_lib
 from deeplab_train.runtime import cluster_session
 from deeplab_train.runtime import cluster_spec
@@ -585,6 +586,37 @@ def test_join_hook_lets_a_worker_start_at_once_or_after_its_delay(caplog):
   # A start step past the end: it waits for the end only, then stops.
   hook, stopped = _join(start_at=0, last_step=3, start_step=15, later=3)
   assert stopped and hook.finished_step == 3
+
+
+def test_a_task_in_its_session_gets_the_full_stop_grace(monkeypatch):
+  """A SIGTERM in a chief's first step (seconds of graph warm-up on a loaded
+  machine) ended it after the 5 s grace of a task waiting for its session,
+  exit 143, when the step would have ended with a final checkpoint."""
+  monkeypatch.setattr(train_cli, 'CLUSTER_STOP_GRACE_SECS', 1)
+  monkeypatch.setattr(train_cli, 'CLUSTER_STOP_GRACE_BEFORE_THE_SESSION_SECS',
+                      0)
+
+  class Exited(Exception):
+    pass
+
+  def exit_now(code):
+    raise Exited(code)
+
+  class Run:
+    def __init__(self, in_session):
+      self.in_session = in_session
+
+    def session_progress(self):
+      return self.in_session, None
+
+  monkeypatch.setattr(train_cli.os, '_exit', exit_now)
+  for in_session, grace in ((False, 0), (True, 1)):
+    why = []
+    with pytest.raises(Exited):
+      train_cli._stop_when_stuck(  # pylint: disable=protected-access
+          Run(in_session), 'SIGTERM', lambda _, text: why.append(text))
+    assert why == ['SIGTERM, and no step ended within %d s: waiting for '
+                   'another task of the cluster' % grace]
 
 
 class _StopAt(tf.train.SessionRunHook):

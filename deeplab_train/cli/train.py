@@ -354,10 +354,11 @@ def run_job(job, start_time, process_signals=None, result_json=None):
 
 
 # How long a cluster task's step may take to end after the first signal
-# before the task stops at once: this much, and three times its usual step.
-# Before its first step (waiting for its session), it has nothing to save.
+# before the task stops at once: this much, and three times its usual step
+# (also for its first step, which warms the graph up). Waiting for its
+# session, it has nothing to save.
 CLUSTER_STOP_GRACE_SECS = 30
-CLUSTER_STOP_GRACE_BEFORE_A_STEP_SECS = 5
+CLUSTER_STOP_GRACE_BEFORE_THE_SESSION_SECS = 5
 # A non-chief worker writes no checkpoint.
 WORKER_FIRST_NOTICE = ('%s received: stopping after the current step (the '
                        'chief writes the checkpoints; send it again to stop '
@@ -391,9 +392,9 @@ def _stop_when_stuck(run, name, stop_now):
   start = time.time()
   while True:
     time.sleep(0.5)
-    steps, seconds_per_step = run.steps_done()
-    grace = (CLUSTER_STOP_GRACE_SECS + 3 * (seconds_per_step or 0) if steps
-             else CLUSTER_STOP_GRACE_BEFORE_A_STEP_SECS)
+    in_session, seconds_per_step = run.session_progress()
+    grace = (CLUSTER_STOP_GRACE_SECS + 3 * (seconds_per_step or 0)
+             if in_session else CLUSTER_STOP_GRACE_BEFORE_THE_SESSION_SECS)
     if time.time() - start >= grace:
       break
   why = ('%s, and no step ended within %.0f s: waiting for another task of '

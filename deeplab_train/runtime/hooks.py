@@ -344,9 +344,9 @@ def remove_partial_checkpoint(path):
 class ProgressHook(tf.train.SessionRunHook):
   """Logs step, loss, learning rate, images/s and ETA every `every_n_steps`.
 
-  Also keeps the last loss and step for the run's result, and the number of
-  steps this task ran (in a synchronous cluster two of a fast worker's
-  steps can make one update of the global step: that step is logged once).
+  Also keeps the last loss and step for the run's result, and whether the
+  session started. In a synchronous cluster two of a fast worker's steps
+  can make one update of the global step: that step is logged once.
   """
 
   def __init__(self, fetches, batch_size, last_step, every_n_steps,
@@ -361,7 +361,10 @@ class ProgressHook(tf.train.SessionRunHook):
     self.loss = None
     self.step = None
     self.seconds_per_step = None
-    self.steps_run = 0
+    self.in_session = False
+
+  def after_create_session(self, session, coord):
+    self.in_session = True
 
   def before_run(self, run_context):
     return tf.train.SessionRunArgs(self._fetches)
@@ -370,7 +373,6 @@ class ProgressHook(tf.train.SessionRunHook):
     r = run_values.results
     previous = self.step
     self.loss, self.step = float(r['loss']), int(r['step'])
-    self.steps_run += 1
     now = time.time()
     if self._mark is None:
       # The first step includes graph warm-up: time from its end.

@@ -208,13 +208,13 @@ class TrainingRun:
         message='stopped at once (%s) after step %s; %s'
         % (why or reason + ' again', step, resumes))
 
-  def steps_done(self):
-    """(steps this task has run, seconds per step or None), from any
-    thread."""
+  def session_progress(self):
+    """(whether its training session started, seconds per step or None),
+    from any thread."""
     hooks = self._hooks_now
     if hooks is None:
-      return 0, None
-    return hooks.progress.steps_run, hooks.progress.seconds_per_step
+      return False, None
+    return hooks.progress.in_session, hooks.progress.seconds_per_step
 
   def execute(self, handle_signals=True):
     """Locks the logdir and trains; every expected ending is a result."""
