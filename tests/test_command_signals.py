@@ -15,6 +15,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from deeplab_train.cli import app
 from deeplab_train.cli import build_data as build_cli
 from deeplab_train.cli import signals
@@ -133,6 +135,31 @@ def test_a_signal_after_the_result_keeps_the_commands_exit_code(tmp_path):
                         cwd=str(tmp_path))
   assert (proc.returncode, proc.stdout) == (0, '{"status": "ok"}\n'), (
       proc.stderr[-2000:])
+
+
+def test_a_second_signal_after_a_clean_stop_keeps_the_exit_code(
+    monkeypatch, capsys):
+  """deeplab-train stopped cleanly on a first SIGTERM and printed its 'ok'
+  result; a second one while the process shut down (Ctrl-C pressed twice,
+  a supervisor; TensorFlow's teardown takes a second or more) reached its
+  signal thread, which took it for 'stop now' and exited 143."""
+  exits = []
+
+  def exit_now(code):
+    exits.append(code)
+    raise SystemExit(code)
+
+  monkeypatch.setattr(signals.os, '_exit', exit_now)
+  monkeypatch.setattr(signals, 'DUPLICATE_SECS', 0)
+  process = signals.ProcessSignals()  # not installed: no handlers set
+  stopped_now = []
+  process.connect(on_first=lambda name: None, on_stop_now=stopped_now.append)
+  process._received(signal.SIGTERM)  # pylint: disable=protected-access
+  assert exits == [] and 'SIGTERM received' in capsys.readouterr().err
+  process.finished(0)  # what exit_on_signal tells it
+  with pytest.raises(SystemExit):
+    process._received(signal.SIGTERM)  # pylint: disable=protected-access
+  assert (exits, stopped_now) == ([0], [])
 
 
 def test_a_second_signal_does_not_break_into_the_cleanup(capsys):

@@ -66,6 +66,7 @@ class ProcessSignals:
     self._first_notice = FIRST_NOTICE
     self._on_first = None
     self._on_stop_now = None
+    self._finished_code = None
     self._lock = threading.Lock()
     self._reader = None
     self._writer = None
@@ -110,6 +111,12 @@ class ProcessSignals:
     if pending and on_first is not None:
       on_first(pending)
 
+  def finished(self, code):
+    """The command is done and its result printed: from now on a signal
+    ends the process at once with `code` (see `exit_on_signal`)."""
+    with self._lock:
+      self._finished_code = code
+
   def _watch(self):
     while True:
       try:
@@ -124,6 +131,12 @@ class ProcessSignals:
   def _received(self, signum):
     if signum not in SIGNALS:
       return
+    with self._lock:
+      finished_code = self._finished_code
+    if finished_code is not None:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(finished_code)  # pylint: disable=protected-access
     name = signal_name(signum)
     with self._lock:
       first = self.pending is None
@@ -221,9 +234,12 @@ def exit_on_signal(code):
   """From now on SIGTERM and SIGINT end the process at once with `code`:
   the command's work is done and its result printed, and a signal during
   the interpreter's shut-down (a second or so with TensorFlow) made a
-  finished command exit 143 / 130. Main thread only; else nothing."""
+  finished command exit 143 / 130, also through the watching thread of
+  deeplab-train's ProcessSignals. Main thread only; else nothing."""
   if threading.current_thread() is not threading.main_thread():
     return
+  if _INSTANCE is not None:
+    _INSTANCE.finished(code)
 
   def end(signum, frame):
     del signum, frame
