@@ -68,6 +68,9 @@ def test_help_answers_without_tensorflow(command):
   assert proc.stdout.startswith(command + ':'), proc.stdout[:300]
   assert '\nflags:\n' in proc.stdout, proc.stdout[-2000:]
   assert not imported, '%s --help imported TensorFlow' % command
+  # Its usage examples can be pasted into a shell (a raw docstring printed
+  # '\\' at the line ends).
+  assert not re.search(r'\\\\$', proc.stdout, re.M), proc.stdout[:1500]
 
 
 def test_export_help_shows_the_original_exports_output_stride():

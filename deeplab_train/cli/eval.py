@@ -1,8 +1,8 @@
 r"""deeplab-eval: mIoU, per-class IoU, precision and recall, pixel accuracy
 and confusion matrix of a checkpoint or an exported model.
 
-    deeplab-eval --checkpoint_dir=TRAIN_LOGDIR --dataset_dir=TFRECORDS \\
-        [--eval_split=val] [--eval_logdir=DIR] [--eval_crop_size=513,513] \\
+    deeplab-eval --checkpoint_dir=TRAIN_LOGDIR --dataset_dir=TFRECORDS \
+        [--eval_split=val] [--eval_logdir=DIR] [--eval_crop_size=513,513] \
         [--eval_scales=0.75 --eval_scales=1.0 ...] [--add_flipped_images]
 
 Runs once on the latest checkpoint by default (exit 2 at once if there is
@@ -21,7 +21,7 @@ columns = prediction) and EVAL_LOGDIR/confusion_matrix.png (heatmap, each
 row divided by its ground-truth pixels). In follow mode each evaluation
 overwrites these two files: they show the latest checkpoint evaluated.
 
-    deeplab-eval --exported_model=OUT/frozen.pb|OUT/saved_model|OUT/m.tflite \\
+    deeplab-eval --exported_model=OUT/frozen.pb|OUT/saved_model|OUT/m.tflite \
         --dataset_dir=TFRECORDS [--eval_split=val] [--eval_logdir=DIR]
 
 scores what deeplab-export wrote (a frozen .pb, a SavedModel folder or a

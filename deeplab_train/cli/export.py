@@ -1,11 +1,11 @@
 r"""deeplab-export: frozen GraphDef, SavedModel and/or TFLite model from a
 checkpoint.
 
-    deeplab-export --checkpoint_path=TRAIN_LOGDIR/model.ckpt-N \\
-        --export_path=OUT/frozen_inference_graph.pb \\
-        [--saved_model_dir=OUT/saved_model] [--crop_size=513,513] \\
-        [--inference_scales=1.0 ...] [--add_flipped_images] \\
-        [--tflite_path=OUT/model.tflite \\
+    deeplab-export --checkpoint_path=TRAIN_LOGDIR/model.ckpt-N \
+        --export_path=OUT/frozen_inference_graph.pb \
+        [--saved_model_dir=OUT/saved_model] [--crop_size=513,513] \
+        [--inference_scales=1.0 ...] [--add_flipped_images] \
+        [--tflite_path=OUT/model.tflite \
          [--tflite_quantize=none|float16|dynamic|int8 --dataset_dir=...]]
 
 The frozen graph keeps the original export's interface: input
@@ -27,7 +27,8 @@ Model options come from the deeplab_config.json beside the checkpoint; for a
 checkpoint without one (e.g. the model zoo) the model flags describe the
 network, with the original export's defaults (--num_classes=21,
 --output_stride=8). Prints one JSON line; exit codes: 0 ok, 2 bad input,
-1 unexpected error.
+143 / 130 stopped by SIGTERM / SIGINT (its outputs left as they were), 1
+unexpected error.
 """
 import dataclasses
 import logging

@@ -1,9 +1,9 @@
 r"""deeplab-vis: coloured prediction PNGs for a split or a folder of images.
 
-    deeplab-vis --checkpoint_dir=TRAIN_LOGDIR --vis_logdir=OUT \\
-        (--dataset_dir=TFRECORDS [--vis_split=val] | --image_dir=PHOTOS) \\
-        [--also_save_raw_predictions] [--save_overlay] \\
-        [--colormap_type=pascal|cityscapes|ade20k] [--max_number_of_images=N] \\
+    deeplab-vis --checkpoint_dir=TRAIN_LOGDIR --vis_logdir=OUT \
+        (--dataset_dir=TFRECORDS [--vis_split=val] | --image_dir=PHOTOS) \
+        [--also_save_raw_predictions] [--save_overlay] \
+        [--colormap_type=pascal|cityscapes|ade20k] [--max_number_of_images=N] \
         [--vis_legend=none|on_image|file]
 
 Uses the latest checkpoint of --checkpoint_dir (or a checkpoint prefix) and
@@ -23,7 +23,8 @@ come from a deeplab_config.json beside it, else from the flags; its crop,
 scales, flips and (but for TFLite) resize were fixed at export, so those
 flags are refused.
 
-Prints one JSON line; exit codes: 0 ok, 2 bad input, 1 unexpected error.
+Prints one JSON line; exit codes: 0 ok, 2 bad input, 143 / 130 stopped by
+SIGTERM / SIGINT (the images drawn so far kept), 1 unexpected error.
 """
 import dataclasses
 import logging
