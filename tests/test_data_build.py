@@ -417,8 +417,8 @@ def test_size_mismatch_names_both_files(tmp_path):
   pairs = common.tiny_pairs(12, 2, sizes=[(20, 24), (21, 25)])
   pairs[1] = (pairs[1][0], pairs[1][1], pairs[1][2][:, :-1])
   assert_build_fails(tmp_path, pairs,
-                     r'size mismatch: image \S*img_01.png is 25x21 \(WxH\) '
-                     r'but label \S*img_01.png is 24x21')
+                     r'size mismatch: image \S*img_01.png is 21x25 '
+                     r'\(height x width\) but label \S*img_01.png is 21x24')
 
 
 def _save_with_orientation(path, image, orientation):
@@ -448,8 +448,9 @@ def test_images_with_an_exif_orientation_are_named(tmp_path, caplog):
   _save_with_orientation(os.path.join(images, 'img_01.png'), pairs[1][1], 6)
   common.save_label(os.path.join(labels, 'img_01.png'), pairs[1][2].T)
   with pytest.raises(build.DataError,
-                     match=r'img_01.png is 28x20 \(WxH\) but label \S+ is '
-                           r'20x28; the image carries EXIF orientation 6, '
+                     match=r'img_01.png is 20x28 \(height x width\) but '
+                           r'label \S+ is 28x20; the image carries EXIF '
+                           r'orientation 6, '
                            r'which viewers apply'):
     build_voc(images, labels, lists, str(tmp_path / 'out2'), OPTIONS)
 

@@ -305,9 +305,9 @@ def encode_pair(entry, options):
             '`mogrify -auto-orient`): TensorFlow reads the pixels as the '
             'file stores them' % orientation)
       raise build_options.DataError(
-          'size mismatch: image %s is %dx%d (WxH) but label %s is %dx%d%s',
-          entry.image_path, width, height, entry.label_path, ids.shape[1],
-          ids.shape[0], rotated)
+          'size mismatch: image %s is %dx%d (height x width) but label %s '
+          'is %dx%d%s', entry.image_path, height, width, entry.label_path,
+          ids.shape[0], ids.shape[1], rotated)
     label_data = encode_label_png(ids)
   example = tfrecord.encode_example(image_data, entry.name, image_format,
                                     height, width, label_data)
