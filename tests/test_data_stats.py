@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from deeplab_train import config
+from deeplab_train.cli import common_flags
 from deeplab_train.cli import stats as stats_cli
 from deeplab_train.cli import train_flags
 from deeplab_train.data import build
@@ -555,3 +556,23 @@ def test_write_dataset_json_waits_for_no_build_and_loses_none(tmp_path,
   assert datasets.read_dataset_json(out).splits_to_sizes == {'train': 3,
                                                              'val': 2}
   assert build.LOCK_FILENAME not in os.listdir(out)
+
+
+def test_the_default_dataset_name_beside_a_dataset_json_is_no_warning(
+    built, caplog):
+  """Every command without --dataset warned 'dataset=pascal_voc_seg but
+  .../dataset.json describes dataset ...' about a flag the user never set.
+  """
+  out, _ = built
+  described = datasets.read_dataset_json(out).name
+  assert described != FLAGS['dataset'].default
+  with _flags(['--dataset_dir=%s' % out]), caplog.at_level('WARNING'):
+    assert common_flags.dataset_info().name == described
+  assert 'describes dataset' not in caplog.text
+  # A --dataset given that the file contradicts still is.
+  with _flags(['--dataset_dir=%s' % out, '--dataset=pascal_voc_seg']):
+    with caplog.at_level('WARNING'):
+      assert common_flags.dataset_info().name == described
+  assert ('dataset=pascal_voc_seg but %s describes dataset %r; using the '
+          'file' % (os.path.join(out, 'dataset.json'), described)
+          in caplog.text)

@@ -247,7 +247,7 @@ def _num_classes_and_info():
     return bench.SAMPLE_CLASSES, None
   if not FLAGS.dataset_dir:
     raise config.ConfigError('--bench_data=dataset_dir needs --dataset_dir')
-  info = datasets.load_dataset_info(FLAGS.dataset, FLAGS.dataset_dir)
+  info = common_flags.dataset_info()
   return info.num_classes, info
 
 

@@ -234,6 +234,15 @@ def dataset_name(saved_dataset):
   return FLAGS.dataset
 
 
+def dataset_info(saved_dataset=None):
+  """The DatasetInfo of --dataset_dir (its dataset.json) and `dataset_name`.
+  """
+  return datasets.load_dataset_info(
+      dataset_name(saved_dataset), FLAGS.dataset_dir,
+      name_is_default=dataset_name(saved_dataset) == FLAGS.dataset
+      and not explicitly_set('dataset'))
+
+
 def _flag_model_values(defaults=None):
   values = {name: FLAGS[name].value for name in _MODEL_FLAGS}
   for name, value in (defaults or {}).items():

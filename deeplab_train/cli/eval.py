@@ -186,8 +186,7 @@ def _exported_options():
   from deeplab_train.export import loaded  # pylint: disable=g-import-not-at-top
   saved_model, saved_pre, saved_dataset = inference_flags.saved_run_config(
       loaded.run_config_folder(path))
-  info = datasets.load_dataset_info(common_flags.dataset_name(saved_dataset),
-                                    FLAGS.dataset_dir)
+  info = common_flags.dataset_info(saved_dataset)
   model_options = common_flags.model_options(
       info.num_classes, None, saved=saved_model,
       num_classes_from=common_flags.classes_source(FLAGS.dataset_dir))
@@ -231,8 +230,7 @@ def options_from_flags():
     return None
   saved_model, saved_pre, saved_dataset = inference_flags.saved_run_config(
       folder if os.path.isdir(folder) else None)
-  info = datasets.load_dataset_info(common_flags.dataset_name(saved_dataset),
-                                    FLAGS.dataset_dir)
+  info = common_flags.dataset_info(saved_dataset)
   model_options = common_flags.model_options(
       info.num_classes, None, saved=saved_model,
       num_classes_from=common_flags.classes_source(FLAGS.dataset_dir),

@@ -240,8 +240,7 @@ def _calibration_data(tflite_options, saved_dataset, saved_pre, resize):
   tflite.check_calibration_split(FLAGS.dataset_dir,
                                  tflite_options.calibration_split)
   return {'dataset_dir': FLAGS.dataset_dir,
-          'dataset_info': datasets.load_dataset_info(
-              common_flags.dataset_name(saved_dataset), FLAGS.dataset_dir),
+          'dataset_info': common_flags.dataset_info(saved_dataset),
           'preprocess_options': inference_flags.preprocess_options(
               saved_pre, resize)}
 

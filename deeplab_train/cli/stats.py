@@ -178,7 +178,7 @@ def _dataset_info():
         'record it for the other commands), or use a built-in dataset (%s)',
         FLAGS.dataset, os.path.join(FLAGS.dataset_dir, datasets.DATASET_JSON),
         ', '.join(sorted(datasets.BUILTIN_DATASETS)))
-  return datasets.load_dataset_info(FLAGS.dataset, FLAGS.dataset_dir)
+  return common_flags.dataset_info()
 
 
 def count(job):

@@ -269,7 +269,7 @@ def options_from_flags():
                        ': the folder of the TFRecords (see deeplab-build-data)')
   common_flags.refuse_quantisation('quantised training is not supported')
   crop = train_flags.train_crop()
-  info = datasets.load_dataset_info(FLAGS.dataset, FLAGS.dataset_dir)
+  info = common_flags.dataset_info()
   # pylint: disable=g-import-not-at-top
   from deeplab_train.data import pipeline
   from deeplab_train.runtime import checkpoint_state

@@ -117,7 +117,7 @@ def _dataset_info(saved_dataset, config_folder):
   """The dataset of the split, or (--image_dir) of the trained model."""
   name = common_flags.dataset_name(saved_dataset)
   if FLAGS.dataset_dir:
-    return datasets.load_dataset_info(name, FLAGS.dataset_dir)
+    return common_flags.dataset_info(saved_dataset)
   if not FLAGS.image_dir:
     raise config.ConfigError('--dataset_dir is required (or --image_dir for '
                              'a folder of plain images)')

@@ -279,7 +279,7 @@ def read_dataset_json(dataset_dir):
   return DatasetInfo.from_dict(payload, source=path)
 
 
-def load_dataset_info(name, dataset_dir=None):
+def load_dataset_info(name, dataset_dir=None, name_is_default=False):
   """Describes the dataset to train or evaluate on.
 
   A `dataset.json` in `dataset_dir` wins over the built-in table: it says
@@ -288,6 +288,8 @@ def load_dataset_info(name, dataset_dir=None):
   Args:
     name: the dataset's name (a command's `dataset` option).
     dataset_dir: the folder holding the TFRecords (may be None).
+    name_is_default: `name` is the option's default, which the user did not
+      choose: a dataset.json naming another dataset is then no warning.
 
   Returns:
     A DatasetInfo.
@@ -298,7 +300,7 @@ def load_dataset_info(name, dataset_dir=None):
   if dataset_dir:
     info = read_dataset_json(dataset_dir)
     if info is not None:
-      if name and info.name != name:
+      if name and info.name != name and not name_is_default:
         _log.warning('dataset=%s but %s describes dataset %r; using the '
                      'file', name, os.path.join(dataset_dir, DATASET_JSON),
                      info.name)
