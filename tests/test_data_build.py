@@ -517,7 +517,13 @@ def test_generic_layout_matches_by_stem(tmp_path, caplog):
 
   os.remove(str(mask_dir / 'b.png'))
   with pytest.raises(build.DataError, match=r'1 image\(s\) .* have no '
-                                            r'<stem>.png mask .*: b.png'):
+                                            r'<stem>.png mask .*: b.png$'):
+    build.build_generic(str(img_dir), str(mask_dir), 'val', out, OPTIONS)
+  # A mask saved as JPEG is named, with why it is refused.
+  (mask_dir / 'b.jpg').write_bytes(b'jpeg')
+  with pytest.raises(build.DataError, match=r'<stem>.png mask .*: b.png; '
+                     r'found b.jpg instead: masks must be .png files \(a '
+                     r"JPEG's compression changes the class ids"):
     build.build_generic(str(img_dir), str(mask_dir), 'val', out, OPTIONS)
   with pytest.raises(ConfigError, match='^split_name is required with '
                                         'masks_folder'):

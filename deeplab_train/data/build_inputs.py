@@ -209,10 +209,17 @@ def generic_entries(image_folder, masks_folder, label_format='png'):
     else:
       unmatched.append(os.path.basename(images[stem]))
   if unmatched:
+    stems = {os.path.splitext(f)[0] for f in unmatched}
+    # Masks saved in another format (a JPEG's compression changes the ids).
+    others = sorted(f for f in os.listdir(masks_folder)
+                    if os.path.splitext(f)[0] in stems)
+    found = ('; found %s instead: masks must be .%s files (a JPEG\'s '
+             'compression changes the class ids at every edge)'
+             % (build_options.few(others), label_format) if others else '')
     raise build_options.DataError(
-        '%d image(s) in %s have no <stem>.%s mask in %s: %s', len(unmatched),
-        image_folder, label_format, masks_folder,
-        build_options.few(unmatched))
+        '%d image(s) in %s have no <stem>.%s mask in %s: %s%s',
+        len(unmatched), image_folder, label_format, masks_folder,
+        build_options.few(unmatched), found)
   if skipped:
     _log.warning('%s: %d file(s) skipped, not .jpg/.jpeg/.png images: %s; '
                  'convert them to JPEG or PNG to train on them', image_folder,
