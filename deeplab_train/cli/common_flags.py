@@ -226,21 +226,26 @@ def require(value, flag_name, why=''):
     raise config.ConfigError('--%s is required%s' % (flag_name, why))
 
 
+def _saved_dataset_name(saved_dataset):
+  """The trained-on dataset's name when --dataset is not given, else None."""
+  if explicitly_set('dataset') or not saved_dataset:
+    return None
+  return saved_dataset.get('name') or None
+
+
 def dataset_name(saved_dataset):
   """--dataset, or the trained-on dataset when the flag is not given."""
-  if (saved_dataset and not explicitly_set('dataset') and
-      saved_dataset.get('name')):
-    return saved_dataset['name']
-  return FLAGS.dataset
+  return _saved_dataset_name(saved_dataset) or FLAGS.dataset
 
 
 def dataset_info(saved_dataset=None):
-  """The DatasetInfo of --dataset_dir (its dataset.json) and `dataset_name`.
-  """
+  """The DatasetInfo of --dataset_dir (its dataset.json) and `dataset_name`;
+  the flag's default, which the user did not choose, warns of no other
+  dataset in the dataset.json."""
   return datasets.load_dataset_info(
       dataset_name(saved_dataset), FLAGS.dataset_dir,
-      name_is_default=dataset_name(saved_dataset) == FLAGS.dataset
-      and not explicitly_set('dataset'))
+      name_is_default=(not explicitly_set('dataset') and
+                       _saved_dataset_name(saved_dataset) is None))
 
 
 def _flag_model_values(defaults=None):
