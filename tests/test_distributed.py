@@ -576,7 +576,7 @@ def test_join_hook_stops_a_worker_joining_a_finished_run():
 
 
 def test_join_hook_lets_a_worker_start_at_once_or_after_its_delay(caplog):
-  with caplog.at_level('INFO'):
+  with caplog.at_level('INFO', logger='absl'):
     hook, stopped = _join(start_at=5, last_step=30, start_step=0)
   assert not stopped and hook.finished_step is None
   # Its log names the step it starts from (the run's, not 0).
