@@ -156,7 +156,6 @@ class SyncReplicasHook(tf.train.SessionRunHook):
     self._last_step = last_step
     self._thread = None
     self._stopping = threading.Event()
-    self._queue_closed = False
 
   def begin(self):
     opt = self._optimizer
@@ -223,16 +222,16 @@ class SyncReplicasHook(tf.train.SessionRunHook):
 
   def _stop(self, session):
     """Starts no more apply steps; before the last step, also stops the
-    other workers."""
-    self._stopping.set()
-    if self._queue_closed:
+    other workers. Once: the first call (at the last step's after_run, or
+    at the end) decides."""
+    if self._stopping.is_set():
       return
+    self._stopping.set()
     step = int(session.run(self._global_step))
     if step < self._last_step:
       logging.info('Stopping before the last step: closing the token queue '
                    'so the other workers stop too')
       session.run(self._close_queue_op)
-      self._queue_closed = True
 
 
 class JoinHook(tf.train.SessionRunHook):

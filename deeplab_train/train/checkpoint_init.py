@@ -201,7 +201,8 @@ def make_init_plan(checkpoint, variables, exclude_scopes=(),
   model_names = {scopes.variable_name(v) for v in variables}
   unused = [n for n in sorted(ckpt_shapes)
             if n not in model_names and n != 'global_step']
-  ranges = [n for n in unused if n.endswith(restore_lib.QUANTISATION_RANGE_SUFFIXES)]
+  ranges = [n for n in unused
+            if n.endswith(restore_lib.QUANTISATION_RANGE_SUFFIXES)]
   if ranges:
     hints.append(
         'the checkpoint holds %d quantisation ranges (e.g. %s) of '
