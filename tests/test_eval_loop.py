@@ -339,6 +339,33 @@ def test_moved_or_copied_logdir_is_read_from_its_own_files(tiny, tmp_path,
     assert 'the state file of %s names ' % copy in caplog.text
 
 
+@pytest.mark.parametrize('state', [b'', b'\xff\x00 not a state file'])
+def test_a_damaged_state_file_is_read_past(tiny, tmp_path, state, caplog):
+  """A state file left empty (a crash soon after a save can leave it so)
+  or not text: deeplab-eval, -vis and -export stopped with TensorFlow's
+  ValueError or UnicodeDecodeError and a traceback; follow mode raised
+  too. The folder's newest complete checkpoint is read now, with a
+  warning."""
+  copy = tmp_path / 'copy'
+  copy.mkdir()
+  for f in glob.glob(tiny['checkpoint'] + '.*'):
+    shutil.copy(f, copy)
+  shutil.copy(os.path.join(tiny['train'], config.RUN_CONFIG_FILENAME), copy)
+  (copy / 'checkpoint').write_bytes(state)
+  name = os.path.basename(tiny['checkpoint'])
+  assert predictor_lib.resolve_checkpoint(str(copy)) == str(copy / name)
+  watcher = eval_loop.watch_checkpoints(str(copy), 0, timeout_secs=0)
+  assert list(watcher) == [str(copy / name)]
+  with caplog.at_level('WARNING'):
+    code = et.run_cli(eval_cli, ['--checkpoint_dir=%s' % copy,
+                                 '--dataset_dir=' + tiny['data'],
+                                 '--eval_logdir=%s' % (tmp_path / 'eval')])
+  assert code == 0
+  assert ('the state file of %s cannot be read (empty, or not a state '
+          'file); using the newest complete checkpoint in the folder, %s'
+          % (copy, copy / name)) in caplog.text
+
+
 def test_checkpoint_with_a_part_the_flags_leave_out_is_refused(tmp_path):
   """An original's checkpoint with a decoder, evaluated without
   --decoder_output_stride: the encoder alone was restored and scored

@@ -2,6 +2,7 @@
 model, with and without the last layers; shape mismatches; bad paths."""
 import glob
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -215,6 +216,18 @@ def test_resolve_checkpoint_prefix_directory_and_missing(tmp_path,
   prefix, _ = checkpoint_21
   assert checkpoint_init.resolve_checkpoint(prefix) == prefix
   assert checkpoint_init.resolve_checkpoint(os.path.dirname(prefix)) == prefix
+  # Its folder holds model.ckpt and no state file, as a model zoo tarball
+  # does: deeplab-eval, -vis and -export found 'no checkpoint' there.
+  assert predictor_lib.resolve_checkpoint(os.path.dirname(prefix)) == prefix
+  # A state file left empty beside the checkpoint: TensorFlow's ValueError.
+  folder = tmp_path / 'emptied'
+  folder.mkdir()
+  for path in glob.glob(prefix + '.*'):
+    shutil.copy(path, folder / os.path.basename(path).replace(
+        'model.ckpt', 'model.ckpt-5'))
+  (folder / 'checkpoint').write_bytes(b'')
+  assert checkpoint_init.resolve_checkpoint(str(folder)) == str(
+      folder / 'model.ckpt-5')
   # One of its files, copied from a listing: it was read as a checkpoint
   # (none of the model's variables, or 'not an sstable').
   files = glob.glob(prefix + '.*')

@@ -312,7 +312,8 @@ def test_loss_falls_when_overfitting_sample_images(tmp_path):
   assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5]), losses
 
 
-@pytest.mark.parametrize('damage', ['missing', 'garbage', 'names_gone'])
+@pytest.mark.parametrize('damage', ['missing', 'garbage', 'empty',
+                                    'names_gone'])
 def test_lost_checkpoint_state_resumes_from_the_newest_complete_checkpoint(
     tmp_path, damage, caplog):
   assert _train(tmp_path, steps=3).global_step == 3
@@ -321,6 +322,8 @@ def test_lost_checkpoint_state_resumes_from_the_newest_complete_checkpoint(
     state.unlink()
   elif damage == 'garbage':
     state.write_bytes(b'\xff\x00 not a state file')
+  elif damage == 'empty':
+    state.write_bytes(b'')
   else:  # names a checkpoint whose files were deleted
     state.write_text('model_checkpoint_path: "%s"\n' % (tmp_path /
                                                         'model.ckpt-9'))
@@ -336,6 +339,22 @@ def test_lost_checkpoint_state_resumes_from_the_newest_complete_checkpoint(
   assert (tmp_path / 'model.ckpt-0.index').read_bytes() == first
   assert 'resuming from the newest complete checkpoint on disk' in caplog.text
   assert tf.train.latest_checkpoint(str(tmp_path)).endswith('model.ckpt-5')
+
+
+def test_a_damaged_state_file_without_checkpoints_starts_at_step_0(
+    tmp_path, caplog):
+  """An empty state file and no checkpoint (a crash during the first save):
+  the run stopped with TensorFlow's ValueError and a traceback, every
+  time it was started again."""
+  (tmp_path / 'checkpoint').write_bytes(b'')
+  with caplog.at_level('WARNING'):
+    result = _train(tmp_path, steps=2)
+  assert result.status == 'ok' and result.global_step == 2
+  assert ('%s cannot be read (empty, or not a state file), and %s holds no '
+          'checkpoint: starting at step 0' % (tmp_path / 'checkpoint',
+                                              tmp_path)) in caplog.text
+  assert (tmp_path / 'checkpoint.damaged').read_bytes() == b''
+  assert tf.train.latest_checkpoint(str(tmp_path)).endswith('model.ckpt-2')
 
 
 def test_a_copied_logdir_resumes_from_its_own_checkpoints(tmp_path, caplog):

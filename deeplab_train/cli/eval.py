@@ -153,11 +153,11 @@ def _first_checkpoint_came(folder, timeout_secs, poll_secs=1.0):
     False when `timeout_secs` (None: for ever) passed first.
   """
   # pylint: disable=g-import-not-at-top
-  import tensorflow.compat.v1 as tf
   from deeplab_train.evaluation import eval_loop
+  from deeplab_train.runtime import checkpoint_state
   if _is_prefix_or_file(folder) and not os.path.isdir(folder):
     return True  # follow mode refuses it (it watches a directory)
-  if os.path.isdir(folder) and tf.train.latest_checkpoint(folder):
+  if os.path.isdir(folder) and checkpoint_state.to_read(folder, warn=False):
     return True
   logging.info('waiting for the first checkpoint in %s (its run\'s %s gives '
                'the model options)', folder, config.RUN_CONFIG_FILENAME)

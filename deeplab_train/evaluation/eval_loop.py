@@ -33,6 +33,7 @@ from deeplab_train.evaluation import metrics as metrics_lib
 from deeplab_train.evaluation import predictor as predictor_lib
 from deeplab_train import atomic
 from deeplab_train import restore as restore_lib
+from deeplab_train.runtime import checkpoint_state
 from deeplab_train.runtime import hooks as hooks_lib
 
 RESULT_FILENAME = 'eval_result.json'
@@ -212,7 +213,8 @@ def watch_checkpoints(checkpoint_dir, interval_secs, timeout_secs=None,
   last, last_yield = None, None
   wait_start = clock()
   while True:
-    latest = (tf.train.latest_checkpoint(checkpoint_dir)
+    # Polled: the fallback's warning would repeat at every poll.
+    latest = (checkpoint_state.to_read(checkpoint_dir, warn=False)
               if os.path.isdir(checkpoint_dir) else None)
     if latest is not None and latest != last:
       if last_yield is not None and clock() - last_yield < interval_secs:

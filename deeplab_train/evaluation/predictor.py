@@ -9,7 +9,6 @@ do not depend on the batch it is in. Checkpoints are
 checked against the graph's variables before restoring, so a checkpoint of a
 different network fails with a message instead of a TensorFlow trace.
 """
-import logging
 import os
 import re
 
@@ -80,16 +79,7 @@ def resolve_checkpoint(path):
                             'train_logdir) or a checkpoint prefix')
   path = restore_lib.prefix_of(path)
   if os.path.isdir(path):
-    latest = tf.train.latest_checkpoint(path)
-    if latest is None or not checkpoint_state.inside(latest, path):
-      # A logdir moved or copied with the original's absolute paths: its
-      # state file names files that are gone, or another folder's.
-      local = checkpoint_state.complete_checkpoints(path)
-      if local:
-        logging.warning('the state file of %s names %s; using the newest '
-                        'complete checkpoint in the folder, %s', path,
-                        latest or 'no checkpoint that exists', local[-1])
-        latest = local[-1]
+    latest = checkpoint_state.to_read(path)
     if latest is None:
       raise NoCheckpointError(
           'no checkpoint in %s (no "checkpoint" state file naming an existing '

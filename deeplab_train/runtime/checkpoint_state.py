@@ -52,6 +52,65 @@ def inside(prefix, folder):
           os.path.realpath(folder))
 
 
+def latest(folder):
+  """tf.train.latest_checkpoint(folder), or None when the state file cannot
+  be read: not text, empty (a crash can leave it empty), not a state file.
+  TensorFlow raises then."""
+  try:
+    return tf.train.latest_checkpoint(folder)
+  except (UnicodeDecodeError, ValueError, tf.errors.OpError):
+    return None
+
+
+_UNREADABLE = 'cannot be read (empty, or not a state file)'
+
+
+def _state_file_problem(folder, named):
+  """Why the state file of `folder` does not give a checkpoint of its own
+  (`named`: what it names, from `latest`)."""
+  state = os.path.join(folder, 'checkpoint')
+  if named is not None:
+    return 'names %s, outside this folder (a moved or copied logdir?)' % named
+  if not os.path.exists(state):
+    return 'is missing'
+  try:
+    gone = tf.train.get_checkpoint_state(folder).model_checkpoint_path
+  except (AttributeError, UnicodeDecodeError, ValueError, tf.errors.OpError):
+    return _UNREADABLE
+  return 'names %s, whose files are gone' % gone if gone else 'names none'
+
+
+def to_read(folder, warn=True):
+  """The checkpoint of `folder` that a reader (eval, vis, export, an
+  initial checkpoint) takes.
+
+  The state file's latest checkpoint when it lies in the folder. Otherwise
+  (a logdir moved or copied with the original's absolute paths, a missing
+  or damaged state file) the folder's newest complete model.ckpt-N, with a
+  warning when `warn`; failing that, the folder's only checkpoint of any
+  name (a model zoo folder holds model.ckpt and no state file). Unlike
+  `repair`, nothing is rewritten: readers leave a logdir as it is.
+
+  Returns:
+    A checkpoint prefix; what the state file names outside the folder when
+    the folder holds no checkpoint of its own; None when there is nothing.
+  """
+  named = latest(folder)
+  if named is not None and inside(named, folder):
+    return named
+  local = complete_checkpoints(folder)
+  if not local:
+    indexes = glob.glob(os.path.join(glob.escape(folder), '*.index'))
+    local = [p[:-len('.index')] for p in indexes] if len(indexes) == 1 else []
+  if not local:
+    return named
+  if warn:
+    logging.warning('the state file of %s %s; using the newest complete '
+                    'checkpoint in the folder, %s', folder,
+                    _state_file_problem(folder, named), local[-1])
+  return local[-1]
+
+
 def readable(prefix):
   """Whether every tensor of the checkpoint `prefix` can be read (a
   truncated or damaged data file cannot)."""
@@ -122,13 +181,10 @@ def repair(logdir, basename='model.ckpt'):
   Raises:
     ConfigError: checkpoints are there but none can be read.
   """
-  try:
-    latest = tf.train.latest_checkpoint(logdir)
-  except (UnicodeDecodeError, ValueError, tf.errors.OpError):
-    latest = None  # a state file that is not text: TensorFlow raises
-  elsewhere = latest is not None and not inside(latest, logdir)
-  if latest and not elsewhere and readable(latest):
-    return latest
+  named = latest(logdir)
+  elsewhere = named is not None and not inside(named, logdir)
+  if named and not elsewhere and readable(named):
+    return named
   if not os.path.isdir(logdir):
     return None
   state = os.path.join(logdir, 'checkpoint')
@@ -139,26 +195,30 @@ def repair(logdir, basename='model.ckpt'):
       raise config.ConfigError(
           'the state file %s names %s, outside this folder, and the folder '
           'holds no checkpoint of its own: copy that checkpoint here, or start '
-          'from it with {TrainOptions.tf_initial_checkpoint}', state, latest)
-    why = 'names %s, outside this folder (a copied logdir?)' % latest
-  elif latest:
-    why = 'names %s, which cannot be read (damaged or cut short)' % latest
-  elif not os.path.exists(state):
-    why = 'is missing'
+          'from it with {TrainOptions.tf_initial_checkpoint}', state, named)
+  if named and not elsewhere:
+    why = 'names %s, which cannot be read (damaged or cut short)' % named
   else:
-    why = 'is unreadable or names checkpoint files that are gone'
+    why = _state_file_problem(logdir, named)
   prefixes = [p for p in complete_checkpoints(logdir, basename)
-              if os.path.abspath(p) != os.path.abspath(latest or '')]
+              if os.path.abspath(p) != os.path.abspath(named or '')]
   while prefixes and not readable(prefixes[-1]):
     logging.warning('checkpoint %s cannot be read (damaged or cut short); '
                     'skipping it', prefixes.pop())
   if not prefixes:
-    if latest or complete_checkpoints(logdir, basename):
+    if named or complete_checkpoints(logdir, basename):
       # Never start over on top of checkpoints that are there.
       raise config.ConfigError(
           'the checkpoints in %s cannot be read (damaged or cut short; the '
           'state file %s); move them away or use another train_logdir to '
           'start afresh', logdir, why)
+    if why == _UNREADABLE:
+      # TensorFlow's session manager would raise reading it. It holds
+      # nothing readable; kept aside for a look.
+      os.replace(state, state + '.damaged')
+      logging.warning('%s %s, and %s holds no checkpoint: starting at step '
+                      '0 (the file is moved to %s.damaged)', state, why,
+                      logdir, state)
     return None
   logging.warning('%s %s; resuming from the newest complete checkpoint on '
                   'disk, %s, and rewriting the state file to name it',

@@ -17,6 +17,7 @@ from absl import logging
 import tensorflow.compat.v1 as tf
 
 from deeplab_train.config import errors
+from deeplab_train.runtime import checkpoint_state
 from deeplab_train.runtime import result as result_lib
 
 # Stop reasons recorded by the hooks (see StopState).
@@ -248,7 +249,7 @@ class CheckpointHook(tf.train.SessionRunHook):
   def after_create_session(self, session, coord):
     step = int(session.run(self._global_step))
     self._last_time = time.time()
-    latest = tf.train.latest_checkpoint(self._logdir)
+    latest = checkpoint_state.latest(self._logdir)
     if latest is None:
       # Write the starting point (after init-from-checkpoint) and the graph
       # for TensorBoard.

@@ -405,7 +405,7 @@ class TrainingRun:
     if self.role.decides_weights:
       events = hooks_lib.EventsFile(
           run_options.train_logdir, g.graph,
-          with_graph=tf.train.latest_checkpoint(
+          with_graph=checkpoint_state.latest(
               run_options.train_logdir) is None)
       checkpoints = hooks_lib.CheckpointHook(
           g.saver, run_options.train_logdir, g.global_step, g.step_after,
@@ -517,7 +517,7 @@ class TrainingRun:
       logging.error('%s', e)
       return self._result('error', 'validation_not_saved', global_step=e.step,
                           loss=hooks.progress.loss,
-                          checkpoint=tf.train.latest_checkpoint(logdir),
+                          checkpoint=checkpoint_state.latest(logdir),
                           message=str(e))
     except tf.errors.NotFoundError as e:
       missing = _NOT_IN_CHECKPOINT.search(e.message or '')
@@ -533,13 +533,13 @@ class TrainingRun:
           '{RunOptions.train_logdir}', logdir, missing.group(1))
       logging.error('%s', detail)
       return self._result('bad_input', 'bad_input',
-                          checkpoint=tf.train.latest_checkpoint(logdir),
+                          checkpoint=checkpoint_state.latest(logdir),
                           detail=detail)
     except hooks_lib.NonFiniteLossError as e:
       logging.error('%s', e)
       return self._result('non_finite_loss', 'non_finite_loss',
                           global_step=e.step, loss=e.loss,
-                          checkpoint=tf.train.latest_checkpoint(logdir),
+                          checkpoint=checkpoint_state.latest(logdir),
                           detail=e.detail)
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
       files = getattr(self.spec.input_fn, 'record_files', None)
@@ -550,7 +550,7 @@ class TrainingRun:
       return self._result('bad_input', 'bad_input',
                           global_step=hooks.progress.step,
                           loss=hooks.progress.loss,
-                          checkpoint=tf.train.latest_checkpoint(logdir),
+                          checkpoint=checkpoint_state.latest(logdir),
                           message=message)
     finally:
       if hooks.validation is not None:

@@ -23,6 +23,7 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train import restore as restore_lib
 from deeplab_train.config import ConfigError
+from deeplab_train.runtime import checkpoint_state
 from deeplab_train.train import scopes
 
 # How many variable names a log line or error message lists.
@@ -44,16 +45,15 @@ def resolve_checkpoint(path):
   """
   path = restore_lib.prefix_of(path)
   if os.path.isdir(path):
-    prefix = tf.train.latest_checkpoint(path)
+    prefix = checkpoint_state.to_read(path)
     if prefix is None:
       found = [f for f in os.listdir(path) if f.endswith('.index')]
-      if len(found) == 1:
-        return os.path.join(path, found[0][:-len('.index')])
       raise ConfigError(
           '{TrainOptions.tf_initial_checkpoint}=%s is a directory without a '
-          'checkpoint (no "checkpoint" state file and %s .index files): pass '
-          'a prefix such as %s/model.ckpt-30000',
-          path, len(found) or 'no', path.rstrip('/'))
+          'checkpoint to take (no "checkpoint" state file naming one, no '
+          'complete model.ckpt-N, and %s .index files): pass a prefix such '
+          'as %s/model.ckpt-30000', path, len(found) or 'no',
+          path.rstrip('/'))
     return prefix
   if os.path.exists(path + '.index') or os.path.exists(path):
     return path
