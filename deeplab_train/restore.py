@@ -53,9 +53,59 @@ class CheckpointGoneError(ConfigError):
     self.prefix = prefix
 
 
-def _gone(prefix, tf):
-  return not (tf.io.gfile.exists(prefix + '.index') and
-              tf.io.gfile.glob(glob.escape(prefix) + '.data-*'))
+_SHARD = re.compile(r'\.data-(\d{5})-of-(\d{5})$')
+
+
+def missing_data(prefix, glob_fn=glob.glob):
+  """Which data shards of the checkpoint `prefix` are missing, as a
+  phrase ('no .data-* file', '.data-00001-of-00002'), or None when every
+  shard is there. `glob_fn`: tf.io.gfile.glob for remote paths."""
+  shards = [m for m in (_SHARD.search(p) for p in glob_fn(
+      glob.escape(prefix) + '.data-*')) if m]
+  if not shards:
+    return 'no .data-* file'
+  total = int(shards[0].group(2))
+  lacking = sorted(set(range(total)) - {int(m.group(1)) for m in shards
+                                        if int(m.group(2)) == total})
+  if not lacking:
+    return None
+  return ', '.join('.data-%05d-of-%05d' % (i, total) for i in lacking)
+
+
+def _check_files(path, prefix, tf):
+  """For a read of the checkpoint `prefix` from `path` (its pin, or
+  itself) that failed: raises CheckpointGoneError when the checkpoint's index is gone (a
+  training run deletes the index first, then the data), DamagedCheckpoint-
+  Error when its index is there without all its data (a copy or download
+  stopped half-way)."""
+  lacking = missing_data(path, tf.io.gfile.glob)
+  if not tf.io.gfile.exists(path + '.index'):
+    raise CheckpointGoneError(prefix) from None
+  if lacking:
+    raise DamagedCheckpointError(
+        'checkpoint %s is incomplete: it has its .index but %s (a copy or '
+        'download stopped half-way?); copy all its files (the .index and '
+        'every .data-NNNNN-of-NNNNN) again, or use another checkpoint',
+        prefix, lacking) from None
+
+
+_ARCHIVE = re.compile(r'\.(tar|tar\.gz|tgz|tar\.bz2|tar\.xz|zip)$')
+
+
+def file_not_a_checkpoint(path):
+  """Why the file `path`, given where a checkpoint is expected, is none; None
+  when it reads as one (a TF1 V1 checkpoint is a single file)."""
+  if _ARCHIVE.search(path):
+    return ('%s is an archive (a model zoo download?): extract it (tar -xf '
+            '%s) and pass the folder it unpacks, which holds model.ckpt.index, '
+            'or the model.ckpt prefix in it' % (path, path))
+  try:
+    checkpoint_reader(path)
+  except Exception:  # pylint: disable=broad-except
+    return ('%s is a file, not a checkpoint: pass a checkpoint prefix '
+            '(DIR/model.ckpt-N, the name its .index file starts with) or '
+            'the folder holding it' % path)
+  return None
 
 
 # {absolute prefix: the prefix of its pinned links} while they are held.
@@ -194,8 +244,7 @@ def restore(saver, session, prefix):
     saver.restore(session, path)
   except (tf.errors.OpError, ValueError) as e:
     # ValueError: the Saver found no files for `prefix` before reading.
-    if _gone(path, tf):
-      raise CheckpointGoneError(prefix) from None
+    _check_files(path, prefix, tf)
     if not isinstance(e, (tf.errors.OutOfRangeError,
                           tf.errors.DataLossError)):
       raise
@@ -217,8 +266,7 @@ def checkpoint_reader(prefix):
   try:
     return tf.train.load_checkpoint(path)
   except (tf.errors.OpError, ValueError):
-    if _gone(path, tf):
-      raise CheckpointGoneError(prefix) from None
+    _check_files(path, prefix, tf)
     raise
 
 

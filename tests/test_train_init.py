@@ -128,7 +128,6 @@ def _write_checkpoint(prefix, named_shapes):
 
 
 def test_damaged_initial_checkpoint_is_named(checkpoint_21, tmp_path):
-  import shutil  # pylint: disable=g-import-not-at-top
   prefix, _ = checkpoint_21
   copy = str(tmp_path / 'model.ckpt')
   for suffix in ('.index', '.data-00000-of-00001'):
@@ -139,6 +138,44 @@ def test_damaged_initial_checkpoint_is_named(checkpoint_21, tmp_path):
                      match='checkpoint %s cannot be read: its data is '
                      'damaged or cut short' % copy):
     _init_5_classes(copy, initialize_last_layer=False)
+
+
+def test_incomplete_checkpoint_is_named_as_such(checkpoint_21, tmp_path):
+  """An index copied without its data: it was 'deleted while it was being
+  read (the training run writing it keeps only its newest checkpoints)'."""
+  prefix, _ = checkpoint_21
+  copy = str(tmp_path / 'model.ckpt-5')
+  shutil.copy(prefix + '.index', copy + '.index')
+  incomplete = ('checkpoint %s is incomplete: it has its .index but no '
+                r'\.data-\* file' % copy)
+  with pytest.raises(config.ConfigError, match=incomplete):
+    _init_5_classes(copy, initialize_last_layer=False)
+  # A data shard of two missing.
+  two = str(tmp_path / 'model.ckpt-6')
+  shutil.copy(prefix + '.index', two + '.index')
+  shutil.copy(prefix + '.data-00000-of-00001', two + '.data-00000-of-00002')
+  with pytest.raises(config.ConfigError,
+                     match=r'but \.data-00001-of-00002 \('):
+    _init_5_classes(two, initialize_last_layer=False)
+
+
+def test_an_archive_or_another_file_is_no_checkpoint(tmp_path):
+  """A model zoo download passed as it is: TensorFlow's 'not an sstable
+  (bad magic number) ... use a different restore operator' after the
+  graph was built, naming neither the flag nor what to do."""
+  archive = tmp_path / 'deeplabv3_mnv2_pascal_train_aug_2018_01_29.tar.gz'
+  archive.write_bytes(b'\x1f\x8b\x08\x00 not really')
+  text = tmp_path / 'notes.txt'
+  text.write_text('not a checkpoint\n')
+  for resolve in (checkpoint_init.resolve_checkpoint,
+                  predictor_lib.resolve_checkpoint):
+    with pytest.raises(config.ConfigError, match=(
+        '%s is an archive \\(a model zoo download\\?\\): extract it'
+        % archive)):
+      resolve(str(archive))
+    with pytest.raises(config.ConfigError, match=(
+        '%s is a file, not a checkpoint: pass a checkpoint prefix' % text)):
+      resolve(str(text))
 
 
 def test_backbone_shape_mismatch_is_an_error(tmp_path):

@@ -89,6 +89,11 @@ def resolve_checkpoint(path):
   # A checkpoint pinned by an earlier call is read from its pin.
   if tf.io.gfile.exists(restore_lib.read_path(path) + '.index'):
     return restore_lib.hold(path)
+  if os.path.isfile(path):
+    why = restore_lib.file_not_a_checkpoint(path)
+    if why:
+      raise NoCheckpointError('{resolve_checkpoint.checkpoint_dir}=%s', why)
+    return path
   raise NoCheckpointError('%s is neither a directory with checkpoints nor a '
                           'checkpoint prefix (no %s.index)' % (path, path))
 

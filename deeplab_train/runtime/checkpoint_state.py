@@ -19,20 +19,9 @@ import shutil
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
+from deeplab_train import restore
 
 _INDEX = re.compile(r'^(?P<prefix>.*-(?P<step>\d+))\.index$')
-_SHARD = re.compile(r'\.data-(\d{5})-of-(\d{5})$')
-
-
-def _complete(prefix):
-  """Whether `prefix` has its index and every data shard it names."""
-  shards = [m for m in (_SHARD.search(p) for p in glob.glob(
-      glob.escape(prefix) + '.data-*')) if m]
-  if not shards:
-    return False
-  total = int(shards[0].group(2))
-  have = {int(m.group(1)) for m in shards if int(m.group(2)) == total}
-  return have == set(range(total))
 
 
 def complete_checkpoints(logdir, basename='model.ckpt'):
@@ -41,7 +30,7 @@ def complete_checkpoints(logdir, basename='model.ckpt'):
   for path in glob.glob(os.path.join(glob.escape(os.path.abspath(logdir)),
                                      basename + '-*.index')):
     m = _INDEX.match(path)
-    if m and _complete(m.group('prefix')):
+    if m and restore.missing_data(m.group('prefix')) is None:
       found.append((int(m.group('step')), m.group('prefix')))
   return [prefix for _, prefix in sorted(found)]
 
@@ -53,13 +42,20 @@ def inside(prefix, folder):
 
 
 def latest(folder):
-  """tf.train.latest_checkpoint(folder), or None when the state file cannot
-  be read: not text, empty (a crash can leave it empty), not a state file.
-  TensorFlow raises then."""
+  """The checkpoint the state file of `folder` names, when its files are
+  there, as tf.train.latest_checkpoint gives it; None when the state file
+  cannot be read (not text, empty: a crash can leave it empty), where
+  TensorFlow raises, or when the files are gone, where TensorFlow logs
+  an error line of its own beside the message the callers give."""
   try:
-    return tf.train.latest_checkpoint(folder)
+    state = tf.train.get_checkpoint_state(folder)
   except (UnicodeDecodeError, ValueError, tf.errors.OpError):
     return None
+  named = state.model_checkpoint_path if state else ''
+  if named and (tf.io.gfile.exists(named + '.index') or
+                tf.io.gfile.exists(named)):   # V2, or V1 (the file itself)
+    return named
+  return None
 
 
 _UNREADABLE = 'cannot be read (empty, or not a state file)'

@@ -55,7 +55,12 @@ def resolve_checkpoint(path):
           'as %s/model.ckpt-30000', path, len(found) or 'no',
           path.rstrip('/'))
     return prefix
-  if os.path.exists(path + '.index') or os.path.exists(path):
+  if os.path.exists(path + '.index'):
+    return path
+  if os.path.isfile(path):
+    why = restore_lib.file_not_a_checkpoint(path)
+    if why:
+      raise ConfigError('{TrainOptions.tf_initial_checkpoint}=%s', why)
     return path
   raise ConfigError('{TrainOptions.tf_initial_checkpoint}=%s: no checkpoint '
                     'there (expected %s.index, or a directory holding '
