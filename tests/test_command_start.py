@@ -185,6 +185,25 @@ def test_every_flag_of_the_original_command_is_defined(command):
   assert not imported
 
 
+@pytest.mark.parametrize('flag,fix', [
+    ('--eval_scales=0.5', 'give --inference_scales'),
+    ('--checkpoint_dir=/nonexistent', 'give --checkpoint_path'),
+    ('--exported_model=/nonexistent.pb', 'it exports a checkpoint'),
+    ('--eval_interval_secs=10', 'it exports one checkpoint, once'),
+])
+def test_export_refuses_the_flags_of_eval_and_vis(flag, fix):
+  """Defined for eval and vis beside it, they were accepted and ignored
+  (--eval_scales=0.5 --eval_scales=0.75 exported one scale)."""
+  proc, imported = _start('deeplab-export', flag,
+                          '--checkpoint_path=/nonexistent/model.ckpt-1',
+                          '--export_path=/nonexistent/frozen.pb')
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result['message'].startswith(
+      '%s is not a flag of deeplab-export: %s' % (flag.split('=')[0], fix))
+  assert not imported
+
+
 @pytest.mark.parametrize('command', ['deeplab-eval', 'deeplab-export',
                                      'deeplab-vis'])
 @pytest.mark.parametrize('flag,message', [

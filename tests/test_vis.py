@@ -126,10 +126,14 @@ def test_image_dir_beside_dataset_dir_is_named(tiny, tmp_path, caplog):
     assert et.run_cli(vis_cli, ['--checkpoint_dir=' + tiny['checkpoint'],
                                 '--image_dir=%s' % photos,
                                 '--dataset_dir=' + tiny['data'],
-                                '--vis_logdir=%s' % out]) == 0
+                                '--vis_logdir=%s' % out,
+                                '--eval_interval_secs=5']) == 0
   assert ('drawing the images of --image_dir=%s; --dataset_dir=%s gives only '
           'the classes and their colours (its split val is not drawn)'
           % (photos, tiny['data'])) in caplog.text
+  # The original's vis.py loops with it; this one draws once.
+  assert ('--eval_interval_secs=5 ignored: deeplab-vis visualises the latest '
+          'checkpoint once') in caplog.text
   assert sorted(os.listdir(out / vis.SEMANTIC_FOLDER)) == [
       'one_image.png', 'one_prediction.png']
 

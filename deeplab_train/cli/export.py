@@ -173,6 +173,12 @@ def options_from_flags():
   Raises:
     config.ConfigError: missing or contradicting flags, no checkpoint.
   """
+  inference_flags.refuse_flags_of_the_others(COMMAND, {
+      'checkpoint_dir': 'give --checkpoint_path (a checkpoint prefix, or '
+                        'the train_logdir for its latest)',
+      'eval_scales': 'give --inference_scales, as the original export does',
+      'exported_model': 'it exports a checkpoint, given by --checkpoint_path',
+      'eval_interval_secs': 'it exports one checkpoint, once; drop it'})
   common_flags.require(FLAGS.checkpoint_path, 'checkpoint_path')
   if not (FLAGS.export_path or FLAGS.saved_model_dir or FLAGS.tflite_path):
     raise config.ConfigError('--export_path (frozen .pb), --saved_model_dir '

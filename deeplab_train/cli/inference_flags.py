@@ -23,18 +23,38 @@ FLAGS = flags.FLAGS
 # Defined here once for eval, vis and export (see the module docstring).
 _INFERENCE_TABLE = (
     ('string', 'checkpoint_dir', None,
-     'Directory of model checkpoints (the train_logdir); its latest '
-     'checkpoint is used. A checkpoint prefix also works.'),
+     'deeplab-eval and -vis: directory of model checkpoints (the '
+     'train_logdir); its latest checkpoint is used. A checkpoint prefix '
+     'also works. (deeplab-export: --checkpoint_path.)'),
     ('multi_float', 'eval_scales', [1.0],
-     'The scales to resize images for evaluation (repeat the flag for '
-     'multi-scale inference).'),
+     'deeplab-eval and -vis: the scales to resize images for inference '
+     '(repeat the flag for multi-scale inference). (deeplab-export: '
+     '--inference_scales.)'),
     ('boolean', 'add_flipped_images', False,
      'Add left-right flipped images during inference.'),
     ('integer', 'eval_interval_secs', 60 * 5,
-     'Follow mode: how often (in seconds) to look for and evaluate a new '
-     'checkpoint. Giving this flag turns follow mode on.'),
+     'deeplab-eval\'s follow mode: how often (in seconds) to look for and '
+     'evaluate a new checkpoint. Giving this flag turns follow mode on. '
+     '(deeplab-vis and -export read one checkpoint, once.)'),
 )
 flag_table.define(_INFERENCE_TABLE)
+
+
+def refuse_flags_of_the_others(command, fixes):
+  """Refuses a flag of another inference command: defined once for all
+  three (above), it would be accepted and ignored.
+
+  Args:
+    command: the command's name.
+    fixes: {flag name: what to do instead}.
+
+  Raises:
+    config.ConfigError: one of them is given.
+  """
+  for name, fix in fixes.items():
+    if common_flags.explicitly_set(name):
+      raise config.ConfigError('--%s is not a flag of %s: %s', name, command,
+                               fix)
 
 
 def exported_model_kind(path, crop_flag):

@@ -160,6 +160,10 @@ def options_from_flags():
     logging.warning('--max_number_of_iterations=%d ignored: deeplab-vis '
                     'visualises the latest checkpoint once',
                     FLAGS.max_number_of_iterations)
+  if common_flags.explicitly_set('eval_interval_secs'):
+    logging.warning('--eval_interval_secs=%d ignored: deeplab-vis '
+                    'visualises the latest checkpoint once (deeplab-eval '
+                    'follows a training run)', FLAGS.eval_interval_secs)
   # pylint: disable=g-import-not-at-top
   from deeplab_train.evaluation import predictor as predictor_lib
   from deeplab_train.export import loaded
