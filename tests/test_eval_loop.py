@@ -238,9 +238,12 @@ def test_crop_too_small_for_the_split_is_refused_at_once(tiny, capsys):
   assert not os.path.exists(eval_dir)
 
 
-def test_crop_too_small_names_image_and_size(tiny, tmp_path, capsys):
-  """Without the split's statistics (records of an older build), the
-  first image that does not fit is named."""
+def test_crop_too_small_without_statistics_reads_the_records(
+    tiny, tmp_path, capsys):
+  """Without the split's statistics (records of an older build, or the
+  original's, with no dataset.json) the first image that did not fit was
+  named, with the size that one needed: following it, the next run failed
+  on the next larger image. The records' sizes are read now."""
   data = tmp_path / 'data'
   shutil.copytree(tiny['data'], data)
   info = json.loads((data / 'dataset.json').read_text())
@@ -252,8 +255,20 @@ def test_crop_too_small_names_image_and_size(tiny, tmp_path, capsys):
                                '--eval_crop_size=33,41'])
   err = capsys.readouterr().err
   assert code == 2
-  assert 'image img_01 is 40x27' in err
-  assert '--eval_crop_size=41,41' in err
+  assert ("split 'val' (its largest height and width, read from its "
+          'records) is 41x41 (height x width), larger than '
+          '--eval_crop_size=33,41; pass --eval_crop_size=41,41') in err
+
+
+def test_crop_too_small_for_an_image_is_named_with_its_size():
+  """Where the split's sizes are not known (resized images, records
+  without image/height), each image is checked as it comes."""
+  inference = config.InferenceOptions(crop_size=(33, 41)).validate()
+  with pytest.raises(config.ImageTooLargeError, match=(
+      r'image img_01 is 40x27 \(height x width\), larger than '
+      r'crop_size=33,41; pass crop_size=41,41')):
+    predictor_lib.padded_size([(30, 20), (40, 27)], inference, 8,
+                              names=[b'img_00', b'img_01'])
 
 
 def _eval_on_a_copy(tiny, tmp_path, capsys, damage):

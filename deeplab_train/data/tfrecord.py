@@ -79,6 +79,33 @@ def list_split_files(dataset_dir, split):
                 if fnmatch.fnmatchcase(f, pattern) and not f.startswith('.'))
 
 
+def largest_image_size(files):
+  """(height, width): the largest height and width of the images of the
+  records in `files`, read from their image/height and image/width
+  (nothing is decoded); None when a record lacks them or cannot be read
+  (the reader names such a record)."""
+  sizes = {key: tf.FixedLenFeature([], tf.int64, default_value=-1)
+           for key in (IMAGE_HEIGHT, IMAGE_WIDTH)}
+  with tf.Graph().as_default():
+    parsed = tf.data.TFRecordDataset(files).batch(256).map(
+        lambda batch: tf.io.parse_example(batch, sizes))
+    bounds = parsed.reduce(
+        tf.constant([0, 0, 1 << 30], tf.int64),
+        lambda acc, b: tf.stack([
+            tf.maximum(acc[0], tf.reduce_max(b[IMAGE_HEIGHT])),
+            tf.maximum(acc[1], tf.reduce_max(b[IMAGE_WIDTH])),
+            tf.minimum(acc[2], tf.reduce_min(
+                tf.minimum(b[IMAGE_HEIGHT], b[IMAGE_WIDTH])))]))
+    with tf.Session() as session:
+      try:
+        height, width, smallest = session.run(bounds)
+      except tf.errors.OpError:
+        return None
+  if smallest <= 0 or not height:
+    return None
+  return int(height), int(width)
+
+
 def _bytes(value):
   if isinstance(value, str):
     value = value.encode('utf-8')
