@@ -388,6 +388,31 @@ def test_a_copied_logdir_resumes_from_its_own_checkpoints(tmp_path, caplog):
           'own') in result.message
 
 
+def test_resuming_on_a_dataset_of_another_class_count_says_so(tmp_path):
+  """The original's logdir (no deeplab_config.json) resumed with records
+  of another class count blamed 'other model flags (--model_variant,
+  --depth_multiplier, ...)' and never the dataset."""
+  prefix = str(tmp_path / 'model.ckpt-3')
+  with tf.Graph().as_default():
+    tf.get_variable('logits/semantic/weights', [1, 1, 8, 21])
+    tf.get_variable('logits/semantic/biases', [21])
+    with tf.Session() as session:
+      session.run(tf.global_variables_initializer())
+      tf.train.Saver().save(session, prefix, write_meta_graph=False)
+  graph = tf.Graph()
+  with graph.as_default():
+    tf.get_variable('logits/semantic/weights', [1, 1, 8, 5])
+    tf.get_variable('logits/semantic/biases', [5])
+  with pytest.raises(config.ConfigError) as error:
+    run_lib._check_shapes_resumable(prefix, graph, str(tmp_path))
+  assert str(error.value) == (
+      'the last checkpoint in %s (model.ckpt-3) has logits of 21 classes, '
+      'this run 5: it was trained on another dataset. Resume it on that '
+      'one, or fine-tune it on this one in a new train_logdir with '
+      'tf_initial_checkpoint=%s initialize_last_layer=false'
+      % (tmp_path, prefix))
+
+
 def _truncate(path):
   data = path.read_bytes()
   path.write_bytes(data[:len(data) // 2])

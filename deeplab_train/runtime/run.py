@@ -642,6 +642,19 @@ def _check_shapes_resumable(checkpoint, graph, logdir):
             '{ModelOptions.atrous_rates}, '
             '{ModelOptions.decoder_output_stride}, ...): pass those, or start '
             'a new {RunOptions.train_logdir}')
+  logits = [(saved, built) for name, saved, built in reshaped
+            if name.startswith('logits/') and saved[:-1] == built[:-1]]
+  if logits and len(logits) == len(reshaped):
+    # The original's logdir resumed on another dataset (one of another
+    # class count): no model flag is at fault.
+    saved, built = logits[0]
+    raise config.ConfigError(
+        'the last checkpoint in %s (%s) has logits of %d classes, this run '
+        '%d: it was trained on another dataset. Resume it on that one, or '
+        'fine-tune it on this one in a new {RunOptions.train_logdir} with '
+        '{TrainOptions.tf_initial_checkpoint}=%s '
+        '{TrainOptions.initialize_last_layer}=false', logdir,
+        os.path.basename(checkpoint), saved[-1], built[-1], checkpoint)
   if reshaped:
     name, saved, built = reshaped[0]
     raise config.ConfigError(
