@@ -74,10 +74,10 @@ def missing_data(prefix, glob_fn=glob.glob):
 
 def _check_files(path, prefix, tf):
   """For a read of the checkpoint `prefix` from `path` (its pin, or
-  itself) that failed: raises CheckpointGoneError when the checkpoint's index is gone (a
-  training run deletes the index first, then the data), DamagedCheckpoint-
-  Error when its index is there without all its data (a copy or download
-  stopped half-way)."""
+  itself) that failed: raises CheckpointGoneError when its index is gone
+  (a training run deletes the index first, then the data), and
+  DamagedCheckpointError when its index is there without all its data (a
+  copy or download stopped half-way)."""
   lacking = missing_data(path, tf.io.gfile.glob)
   if not tf.io.gfile.exists(path + '.index'):
     raise CheckpointGoneError(prefix) from None
