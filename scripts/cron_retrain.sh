@@ -203,12 +203,16 @@ open_log() {
 # (/dev/shm; a log on a full disk could not hold it) until it ends, then
 # logged. COMMAND_MESSAGE is then the message of the JSON result line every
 # deeplab command ends with, for the summary (empty when there is none).
+capture_dir() {
+  if [[ -d /dev/shm && -w /dev/shm ]]; then echo /dev/shm; else echo "${TMPDIR:-/tmp}"; fi
+}
+
 run_keeping_message() {
-  local rc=0 dir=/dev/shm
-  [[ -d $dir && -w $dir ]] || dir=${TMPDIR:-/tmp}
+  local rc=0
   RUNNING_COMMAND=$1
   COMMAND_MESSAGE=
-  if CAPTURE_FILE=$(mktemp "$dir/$SCRIPT_NAME.XXXXXX" 2>/dev/null); then
+  # Named with this round's pid: remove_dead_captures knows them by it.
+  if CAPTURE_FILE=$(mktemp "$(capture_dir)/$SCRIPT_NAME.$$.XXXXXX" 2>/dev/null); then
     CLEANUP+=("$CAPTURE_FILE")
     run "$@" >"$CAPTURE_FILE" || rc=$?
     release_output
@@ -217,6 +221,22 @@ run_keeping_message() {
   fi
   RUNNING_COMMAND=
   return "$rc"
+}
+
+# Removes the stdout kept of a command whose round was killed (kill -9: no
+# trap ran), logging what it holds (its result line).
+remove_dead_captures() {
+  local file pid
+  for file in "$(capture_dir)/$SCRIPT_NAME".*.*; do
+    [[ -f $file ]] || continue
+    pid=${file##*/"$SCRIPT_NAME".}
+    pid=${pid%%.*}
+    if [[ ! $pid =~ ^[0-9]+$ ]] || kill -0 "$pid" 2>/dev/null; then
+      continue   # another name, or a round still running
+    fi
+    log "a killed round (pid $pid) left its command's output in $file, removed now: $(tr '\n' ' ' <"$file" 2>/dev/null)"
+    rm -f "$file"
+  done
 }
 
 # Logs the stdout kept of the running command (also when a signal ends the
@@ -306,6 +326,8 @@ ask() {
 # --- ending: one summary, one exit code ----------------------------------------
 
 FINISHED=0
+# The export `current` was switched to in this round, once it was.
+PROMOTED_TO=
 
 # Prints the JSON summary of exit code $1, status $2 and message $3 (none for
 # an unexpected error) with the facts; the policy also writes it to
@@ -325,6 +347,10 @@ report() {
 # Logs, prints the summary and exits with $1. $2: status word, $3: message.
 finish() {
   local code=$1 status=$2 message=$3
+  if [[ $status == failed && -n $PROMOTED_TO ]]; then
+    # Failed after the switch (a full disk, a signal): the model is in use.
+    message+="; the new model was promoted before this (exports/current -> $PROMOTED_TO)"
+  fi
   log "$status: $message"
   FINISHED=1
   report "$code" "$status" "$message"
@@ -352,7 +378,11 @@ on_exit() {
 # Converts the data folder into a new tfrecords/<stamp> folder and points
 # the `tfrecord` symlink at it; the old records stay in use until then.
 build_tfrecords() {
-  local out="$TFRECORDS_DIR/$STAMP" tmp="$TFRECORDS_DIR/.tmp-$STAMP" extra
+  local name=$STAMP tmp extra
+  # The clock can repeat a stamp (a daylight-saving fall-back, a clock set
+  # back): mv would then put the new records inside the old folder.
+  [[ ! -e "$TFRECORDS_DIR/$name" ]] || name+="-$$"
+  tmp="$TFRECORDS_DIR/.tmp-$name"
   local input=(--cityscapes_root="$DATA_DIR")
   if [[ $DATA_LAYOUT == voc ]]; then
     input=(--image_folder="$DATA_DIR/$IMAGE_SUBDIR"
@@ -368,10 +398,10 @@ build_tfrecords() {
     --ignore_label="$IGNORE_LABEL" \
     ${extra[@]+"${extra[@]}"} || fail "deeplab-build-data failed on $DATA_DIR$(command_said); the previous TFRecords and model are untouched"
   [[ -f "$tmp/dataset.json" ]] || fail "deeplab-build-data wrote no dataset.json"
-  mv "$tmp" "$out"
-  switch_symlink "tfrecords/$STAMP" "$TFRECORD_LINK"
+  mv -T "$tmp" "$TFRECORDS_DIR/$name"
+  switch_symlink "tfrecords/$name" "$TFRECORD_LINK"
   ask built --state_dir="$STATE_DIR" --records_dir="$TFRECORDS_DIR" \
-    --records_in_use="$STAMP"
+    --records_in_use="$name"
 }
 
 # Trains $1 more steps from the latest checkpoint; the policy reads a
@@ -433,8 +463,9 @@ promote() {
     fail "cannot copy $CHECKPOINT into the export (${error##*: }); current model untouched"
   ask describe_export --export_dir="$tmp" --checkpoint="$CHECKPOINT" \
     --new_result="$EVAL_LOGDIR/new/result.json" --split="$EVAL_SPLIT"
-  mv "$tmp" "$EXPORTS_DIR/$name"
+  mv -T "$tmp" "$EXPORTS_DIR/$name"
   switch_symlink "$name" "$CURRENT_LINK"
+  PROMOTED_TO=$name
   log "promoted: exports/current -> $name"
   EXPORT_NAME=$name
 }
@@ -490,12 +521,13 @@ main() {
 
   exec 9>>"$LOCK_FILE" ||
     fail "cannot open the lock file $LOCK_FILE${LOG_PROBLEM:+; $LOG_PROBLEM}"
-  flock -n 9 || finish "$EXIT_BUSY" busy "another $SCRIPT_NAME holds $LOCK_FILE"
+  flock -n 9 || finish "$EXIT_BUSY" busy "another $SCRIPT_NAME round, or a command it started that still runs, holds $LOCK_FILE"
   [[ -z $LOG_PROBLEM ]] || fail "$LOG_PROBLEM"
   need_cmd deeplab-build-data deeplab-train deeplab-eval deeplab-export
   # Left by a run that was killed: nothing else writes here while we hold
   # the lock.
   rm -rf "$TFRECORDS_DIR"/.tmp-* "$EXPORTS_DIR"/.tmp-*
+  remove_dead_captures
 
   find_checkpoints
   ask plan --state_dir="$STATE_DIR" --data_dir="$DATA_DIR" \

@@ -682,6 +682,21 @@ def test_command_candidate_and_conclusion(tmp_path):
   assert proc.stdout.splitlines()[-3:-1] == ['exit_code=0', 'status=unchanged']
 
 
+def test_command_that_cannot_write_its_state_names_the_file(tmp_path):
+  """A full disk (or a read-only state/): the policy stopped with a
+  traceback in the log, which the full disk could cut short, and the
+  summary said only 'the retraining policy failed on ... (see the log)'."""
+  proc = _ask('conclude', '--checkpoint_step=4', '--verdict=keep',
+              '--message=m', '--state_dir', tmp_path, '--fingerprint', FP,
+              no_room=True)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.splitlines() == [
+      'exit_code=1', 'status=failed',
+      "message=the retraining policy could not keep its answer to "
+      "'conclude': cannot write %s: File too large; free space on that "
+      'disk or make it writable' % (tmp_path / 'decided')]
+
+
 def test_command_candidate_from_best(tmp_path):
   flags = ['--state_dir', tmp_path, '--fingerprint', FP,
            '--trainer_logdir=/w/train', '--checkpoint=/w/train/model.ckpt-9',

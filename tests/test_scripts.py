@@ -14,6 +14,7 @@ import pathlib
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import zipfile
 
@@ -23,6 +24,7 @@ import pytest
 
 import cityscapes_tree
 import fake_voc
+import train_testing as tt
 
 SHELL_SCRIPTS = sorted(p.name for p in fake_voc.SCRIPTS.glob('*.sh'))
 OWN_SCRIPTS = ('download_and_convert_voc2012.sh',
@@ -955,10 +957,20 @@ def test_cron_retrain_rounds(tmp_path):
   assert summary['status'] == 'kept' and summary['global_step'] == 3
   assert cron.current_target() == second
 
-  # 4: data unchanged, training only on new data: nothing to do.
+  # 4: data unchanged, training only on new data: nothing to do. A round
+  # killed with kill -9 while a command ran left that command's output in
+  # memory (/dev/shm) until the machine restarted.
+  shm = ('/dev/shm' if os.access('/dev/shm', os.W_OK)
+         else os.environ.get('TMPDIR', '/tmp'))
+  left = pathlib.Path(shm) / ('cron_retrain.sh.%d.Ab12Cd' % tt.dead_pid())
+  left.write_text('{"event": "result", "message": "stopped at step 3"}\n')
   proc, summary = cron.run(TRAIN_ONLY_ON_NEW_DATA=1)
   assert proc.returncode == 10, fake_voc.describe(proc)
   assert summary['status'] == 'nothing_to_do'
+  assert not left.exists()
+  assert ('left its command\'s output in %s, removed now: {"event": '
+          '"result", "message": "stopped at step 3"}' % left) in cron.log_of(
+              summary)
 
   # 5: another run holds the lock: busy, nothing touched.
   with open(cron.work / 'cron.lock', 'a') as lock:
@@ -982,6 +994,54 @@ def test_cron_retrain_rounds(tmp_path):
   assert (cron.current / 'frozen_inference_graph.pb').is_file()
   assert os.readlink(cron.work / 'tfrecord') == records
   assert not list((cron.work / 'tfrecords').glob('.tmp-*'))
+
+
+@pytest.mark.slow
+def test_cron_failing_after_the_switch_and_a_repeated_stamp(tmp_path):
+  """Found by an audit with a full disk and a clock set back:
+  - a round failing after it had switched exports/current (recording its
+    decision on a full disk) said 'failed' with the current model
+    'untouched', and the reason was only in a traceback in the log;
+  - a round with the stamp of the records in use moved its new records
+    into the old folder and trained on the old ones from then on."""
+  cron = Cron(tmp_path)
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  # The clock gives the same second to both rounds.
+  (bin_dir / 'date').write_text(
+      '#!/bin/bash\n[[ $1 == +%Y%m%d-%H%M%S ]] && exec echo 20261025-020000\n'
+      'exec /bin/date "$@"\n')
+  # The policy's last answer of the round cannot write (a full disk).
+  (bin_dir / 'python').write_text(
+      '#!/bin/bash\nif [[ " $* " == *" conclude "* ]]; then\n'
+      "  ulimit -f 0; trap '' XFSZ\nfi\nexec %s \"$@\"\n" % sys.executable)
+  for stub in bin_dir.iterdir():
+    stub.chmod(0o755)
+  path = '%s%s%s' % (bin_dir, os.pathsep, fake_voc.script_env()['PATH'])
+  proc, summary = cron.run(PATH=path, PYTHON=bin_dir / 'python')
+  assert proc.returncode == 1, fake_voc.describe(proc)
+  assert summary['status'] == 'failed'
+  assert cron.current_target() == '20261025-020000-step1'
+  assert summary['message'] == (
+      "the retraining policy could not keep its answer to 'conclude': "
+      'cannot write %s: File too large; free space on that disk or make it '
+      'writable; the new model was promoted before this (exports/current '
+      '-> 20261025-020000-step1)' % (cron.work / 'state' / 'decided'))
+  first = os.readlink(cron.work / 'tfrecord')
+  assert first == 'tfrecords/20261025-020000'
+  # New data, the same stamp.
+  image_id = fake_voc.sample_ids('train', 7)[6]
+  fake_voc.copy_pair(image_id, cron.data)
+  with open(cron.data / 'ImageSets' / 'Segmentation' / 'train.txt', 'a') as f:
+    f.write(image_id + '\n')
+  proc, summary = cron.run(PATH=path)
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  records = os.readlink(cron.work / 'tfrecord')
+  assert records.startswith('tfrecords/20261025-020000-'), records
+  info = json.loads((cron.work / records / 'dataset.json').read_text())
+  assert info['splits_to_sizes']['train'] == 7
+  assert sorted(os.listdir(cron.work / 'tfrecords')) == [
+      os.path.basename(records)]
 
 
 @pytest.mark.slow

@@ -71,6 +71,7 @@ import sys
 from absl import flags
 from absl import logging
 
+from deeplab_train import atomic
 from deeplab_train.cli import app
 from deeplab_train.retrain import data_folder
 from deeplab_train.retrain import policy
@@ -409,6 +410,14 @@ def _print_answer(answer):
     print('%s=%s' % (key, ' '.join(str(value).splitlines())))
 
 
+def _unwritten(error):
+  """'cannot write PATH: REASON' of an OSError."""
+  if isinstance(error, atomic.OutputNotWrittenError) or not error.filename:
+    return str(error)
+  return 'cannot write %s: %s' % (error.filename,
+                                  error.strerror or error)
+
+
 def main(argv):
   problem = _usage_problem(argv)
   if problem:
@@ -420,6 +429,12 @@ def main(argv):
     handler(answer, argv[2:])
   except policy.RoundError as e:
     answer.extend(_end(policy.failed(str(e))))
+  except OSError as e:
+    # Its state files on a full disk or a read-only folder: named in the
+    # summary (a traceback in the log could be cut short by the full disk).
+    answer.extend(_end(policy.failed(
+        'the retraining policy could not keep its answer to %r: %s; free '
+        'space on that disk or make it writable' % (argv[1], _unwritten(e)))))
   _print_answer(answer)
   return app.EXIT_OK
 
