@@ -326,8 +326,10 @@ ask() {
 # --- ending: one summary, one exit code ----------------------------------------
 
 FINISHED=0
-# The export `current` was switched to in this round, once it was.
+# The export `current` was switched to in this round, once it was, and
+# the records the `tfrecord` link was switched to until they are recorded.
 PROMOTED_TO=
+RECORDS_SWITCHED_TO=
 
 # Prints the JSON summary of exit code $1, status $2 and message $3 (none for
 # an unexpected error) with the facts; the policy also writes it to
@@ -347,8 +349,11 @@ report() {
 # Logs, prints the summary and exits with $1. $2: status word, $3: message.
 finish() {
   local code=$1 status=$2 message=$3
+  # Failed after a switch (a full disk, a signal): what is in use now.
+  if [[ $status == failed && -n $RECORDS_SWITCHED_TO ]]; then
+    message+="; the new TFRecords were put in use before this (tfrecord -> $RECORDS_SWITCHED_TO)"
+  fi
   if [[ $status == failed && -n $PROMOTED_TO ]]; then
-    # Failed after the switch (a full disk, a signal): the model is in use.
     message+="; the new model was promoted before this (exports/current -> $PROMOTED_TO)"
   fi
   log "$status: $message"
@@ -400,8 +405,10 @@ build_tfrecords() {
   [[ -f "$tmp/dataset.json" ]] || fail "deeplab-build-data wrote no dataset.json"
   mv -T "$tmp" "$TFRECORDS_DIR/$name"
   switch_symlink "tfrecords/$name" "$TFRECORD_LINK"
+  RECORDS_SWITCHED_TO=tfrecords/$name
   ask built --state_dir="$STATE_DIR" --records_dir="$TFRECORDS_DIR" \
     --records_in_use="$name"
+  RECORDS_SWITCHED_TO=
 }
 
 # Trains $1 more steps from the latest checkpoint; the policy reads a
