@@ -346,16 +346,22 @@ report() {
     printf '{"status": "%s", "exit_code": %d, "log": "%s"}\n' "$status" "$code" "$LOG_FILE" >&3
 }
 
+# What a failure leaves in use that it did not before (it came after a
+# switch: a full disk, a signal), as the end of its message; empty when
+# nothing.
+switched_note() {
+  if [[ -n $RECORDS_SWITCHED_TO ]]; then
+    printf '; the new TFRecords were put in use before this (tfrecord -> %s)' "$RECORDS_SWITCHED_TO"
+  fi
+  if [[ -n $PROMOTED_TO ]]; then
+    printf '; the new model was promoted before this (exports/current -> %s)' "$PROMOTED_TO"
+  fi
+}
+
 # Logs, prints the summary and exits with $1. $2: status word, $3: message.
 finish() {
   local code=$1 status=$2 message=$3
-  # Failed after a switch (a full disk, a signal): what is in use now.
-  if [[ $status == failed && -n $RECORDS_SWITCHED_TO ]]; then
-    message+="; the new TFRecords were put in use before this (tfrecord -> $RECORDS_SWITCHED_TO)"
-  fi
-  if [[ $status == failed && -n $PROMOTED_TO ]]; then
-    message+="; the new model was promoted before this (exports/current -> $PROMOTED_TO)"
-  fi
+  [[ $status != failed ]] || message+=$(switched_note)
   log "$status: $message"
   FINISHED=1
   report "$code" "$status" "$message"
@@ -370,10 +376,17 @@ on_exit() {
   rm -rf "${CLEANUP[@]}"
   if ((!FINISHED)); then
     FINISHED=1
-    log "failed: unexpected error (exit status $rc), see the messages above"
-    # This line has only status, exit code and log, as it always had.
+    local note
+    note=$(switched_note)
+    log "failed: unexpected error (exit status $rc), see the messages above$note"
+    # This line has only status, exit code and log, as it always had, but
+    # for what the round left in use.
     FACTS=()
-    report "$EXIT_FAILURE" failed
+    if [[ -n $note ]]; then
+      report "$EXIT_FAILURE" failed "unexpected error (exit status $rc)$note"
+    else
+      report "$EXIT_FAILURE" failed
+    fi
     exit "$EXIT_FAILURE"
   fi
 }
