@@ -249,13 +249,27 @@ def test_quantisation_ranges_are_left_out_with_a_hint(tmp_path):
 
 
 def test_resolve_checkpoint_prefix_directory_and_missing(tmp_path,
-                                                         checkpoint_21):
+                                                         checkpoint_21,
+                                                         caplog):
   prefix, _ = checkpoint_21
   assert checkpoint_init.resolve_checkpoint(prefix) == prefix
   assert checkpoint_init.resolve_checkpoint(os.path.dirname(prefix)) == prefix
-  # Its folder holds model.ckpt and no state file, as a model zoo tarball
-  # does: deeplab-eval, -vis and -export found 'no checkpoint' there.
-  assert predictor_lib.resolve_checkpoint(os.path.dirname(prefix)) == prefix
+  # A folder holding model.ckpt and no state file, as a model zoo tarball
+  # does: deeplab-eval, -vis and -export found 'no checkpoint' there. The
+  # usual layout: no warning.
+  zoo = tmp_path / 'zoo'
+  zoo.mkdir()
+  for suffix in ('.index', '.data-00000-of-00001'):
+    shutil.copy(prefix + suffix, zoo / ('model.ckpt' + suffix))
+  with caplog.at_level('INFO'):
+    assert predictor_lib.resolve_checkpoint(str(zoo)) == str(
+        zoo / 'model.ckpt')
+    assert checkpoint_init.resolve_checkpoint(str(zoo)) == str(
+        zoo / 'model.ckpt')
+  assert 'using %s, the only checkpoint in ' % (zoo / 'model.ckpt') in (
+      caplog.text)
+  assert not [r for r in caplog.records if r.levelname == 'WARNING'
+              and 'the only checkpoint' in r.getMessage()]
   # A state file left empty beside the checkpoint: TensorFlow's ValueError.
   folder = tmp_path / 'emptied'
   folder.mkdir()

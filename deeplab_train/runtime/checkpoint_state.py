@@ -84,8 +84,9 @@ def to_read(folder, warn=True):
   (a logdir moved or copied with the original's absolute paths, a missing
   or damaged state file) the folder's newest complete model.ckpt-N, with a
   warning when `warn`; failing that, the folder's only checkpoint of any
-  name (a model zoo folder holds model.ckpt and no state file). Unlike
-  `repair`, nothing is rewritten: readers leave a logdir as it is.
+  name (a model zoo folder holds model.ckpt and no state file: no warning
+  then). Unlike `repair`, nothing is rewritten: readers leave a logdir as
+  it is.
 
   Returns:
     A checkpoint prefix; what the state file names outside the folder when
@@ -95,16 +96,24 @@ def to_read(folder, warn=True):
   if named is not None and inside(named, folder):
     return named
   local = complete_checkpoints(folder)
-  if not local:
-    indexes = glob.glob(os.path.join(glob.escape(folder), '*.index'))
-    local = [p[:-len('.index')] for p in indexes] if len(indexes) == 1 else []
-  if not local:
+  if local:
+    if warn:
+      logging.warning('the state file of %s %s; using the newest complete '
+                      'checkpoint in the folder, %s', folder,
+                      _state_file_problem(folder, named), local[-1])
+    return local[-1]
+  indexes = glob.glob(os.path.join(glob.escape(folder), '*.index'))
+  if len(indexes) != 1:
     return named
-  if warn:
-    logging.warning('the state file of %s %s; using the newest complete '
-                    'checkpoint in the folder, %s', folder,
-                    _state_file_problem(folder, named), local[-1])
-  return local[-1]
+  only = indexes[0][:-len('.index')]
+  has_state = os.path.exists(os.path.join(folder, 'checkpoint'))
+  if warn and has_state:
+    logging.warning('the state file of %s %s; using the only checkpoint in '
+                    'the folder, %s', folder,
+                    _state_file_problem(folder, named), only)
+  elif warn:   # a model zoo folder: nothing to warn about
+    logging.info('using %s, the only checkpoint in %s', only, folder)
+  return only
 
 
 def readable(prefix):
