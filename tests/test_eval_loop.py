@@ -211,12 +211,15 @@ def test_run_once_without_checkpoint_fails_at_once(tmp_path, capsys):
                                '--dataset_dir=%s' % tmp_path])
   err = capsys.readouterr()
   assert code == 2
-  assert 'no checkpoint in %s' % empty in err.err
+  assert '--checkpoint_dir=%s holds no checkpoint to read' % empty in err.err
+  assert err.err.rstrip().endswith(
+      'train first, or point --checkpoint_dir at the train_logdir')
   assert _last_json_line(err.out)['status'] == 'bad_input'
   code = et.run_cli(eval_cli, ['--checkpoint_dir=%s/missing/model.ckpt-1'
                                % tmp_path, '--dataset_dir=%s' % tmp_path])
   assert code == 2
-  assert 'neither a directory' in capsys.readouterr().err
+  assert ('--checkpoint_dir=%s/missing/model.ckpt-1: no checkpoint there'
+          % tmp_path in capsys.readouterr().err)
 
 
 def test_crop_too_small_for_the_split_is_refused_at_once(tiny, capsys):
@@ -547,7 +550,8 @@ def test_entry_point_exits_2_without_checkpoint(tmp_path):
       capture_output=True, text=True, timeout=120,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
   assert result.returncode == 2
-  assert 'deeplab-eval: error: no checkpoint in %s' % tmp_path in result.stderr
+  assert ('deeplab-eval: error: --checkpoint_dir=%s holds no checkpoint'
+          % tmp_path in result.stderr)
   assert json.loads(result.stdout.strip().splitlines()[-1])['status'] == (
       'bad_input')
 

@@ -360,8 +360,8 @@ def test_folder_without_checkpoints_names_the_flag(tmp_path, capsys):
                                  '--export_path=%s' % (tmp_path / 'x.pb')
                                  ]) == 2
   err = capsys.readouterr().err.splitlines()[-1]
-  assert err.startswith('deeplab-export: error: no checkpoint in %s' %
-                        tmp_path)
+  assert err.startswith('deeplab-export: error: --checkpoint_path=%s holds '
+                        'no checkpoint to read' % tmp_path)
   assert err.endswith('point --checkpoint_path at the train_logdir')
 
 

@@ -290,5 +290,5 @@ def test_resolve_checkpoint_prefix_directory_and_missing(tmp_path,
   with pytest.raises(config.ConfigError, match='no checkpoint there'):
     checkpoint_init.resolve_checkpoint(str(tmp_path / 'nope.ckpt'))
   with pytest.raises(config.ConfigError,
-                     match='directory without a checkpoint'):
+                     match='holds no checkpoint to read'):
     checkpoint_init.resolve_checkpoint(str(tmp_path))

@@ -77,25 +77,10 @@ def resolve_checkpoint(path):
     raise NoCheckpointError('no checkpoint given: pass '
                             '{resolve_checkpoint.checkpoint_dir} (a '
                             'train_logdir) or a checkpoint prefix')
-  path = restore_lib.prefix_of(path)
-  if os.path.isdir(path):
-    latest = checkpoint_state.to_read(path)
-    if latest is None:
-      raise NoCheckpointError(
-          'no checkpoint in %s (no "checkpoint" state file naming an existing '
-          'model.ckpt-N); train first, or point '
-          '{resolve_checkpoint.checkpoint_dir} at the train_logdir' % path)
-    return restore_lib.hold(latest)
-  # A checkpoint pinned by an earlier call is read from its pin.
-  if tf.io.gfile.exists(restore_lib.read_path(path) + '.index'):
-    return restore_lib.hold(path)
-  if os.path.isfile(path):
-    why = restore_lib.file_not_a_checkpoint(path)
-    if why:
-      raise NoCheckpointError('{resolve_checkpoint.checkpoint_dir}=%s', why)
-    return path
-  raise NoCheckpointError('%s is neither a directory with checkpoints nor a '
-                          'checkpoint prefix (no %s.index)' % (path, path))
+  return restore_lib.hold(checkpoint_state.resolve(
+      path, '{resolve_checkpoint.checkpoint_dir}',
+      'train first, or point {resolve_checkpoint.checkpoint_dir} at the '
+      'train_logdir', NoCheckpointError))
 
 
 def checkpoint_global_step(checkpoint_path):

@@ -116,6 +116,45 @@ def to_read(folder, warn=True):
   return only
 
 
+def resolve(path, option, advice, error=config.ConfigError):
+  """The checkpoint prefix that `path`, given to a reader, names.
+
+  Args:
+    path: a checkpoint prefix ('DIR/model.ckpt-30000'), one of its files, a
+      V1 checkpoint (a single file), or a folder (`to_read`'s choice in it).
+    option: the option's reference for messages, e.g.
+      '{TrainOptions.tf_initial_checkpoint}'.
+    advice: what to do when a folder holds no checkpoint (a template that
+      may hold references, no %-specs).
+    error: the ConfigError class to raise.
+
+  Returns:
+    The checkpoint prefix.
+
+  Raises:
+    error: nothing readable at `path`.
+  """
+  path = restore.prefix_of(path)
+  if os.path.isdir(path):
+    prefix = to_read(path)
+    if prefix is None:
+      indexes = glob.glob(os.path.join(glob.escape(path), '*.index'))
+      raise error(option + '=%s holds no checkpoint to read (no "checkpoint" '
+                  'state file naming one, no complete model.ckpt-N, and %s '
+                  '.index files): ' + advice, path, len(indexes) or 'no')
+    return prefix
+  # A checkpoint pinned (restore.hold) earlier is read from its pin.
+  if tf.io.gfile.exists(restore.read_path(path) + '.index'):
+    return path
+  if os.path.isfile(path):
+    why = restore.file_not_a_checkpoint(path)
+    if why:
+      raise error(option + '=%s', why)
+    return path
+  raise error(option + '=%s: no checkpoint there (expected %s.index, or a '
+              'folder holding checkpoints)', path, path)
+
+
 def readable(prefix):
   """Whether every tensor of the checkpoint `prefix` can be read (a
   truncated or damaged data file cannot)."""

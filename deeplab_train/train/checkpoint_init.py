@@ -15,7 +15,6 @@ The plan's `init_fn` is meant for `tf.train.Scaffold(init_fn=...)`, which
 runs it only when no checkpoint of the train logdir was restored.
 """
 import dataclasses
-import os
 from typing import List, Optional, Tuple
 
 from absl import logging
@@ -43,28 +42,11 @@ def resolve_checkpoint(path):
   Raises:
     ConfigError: nothing readable there.
   """
-  path = restore_lib.prefix_of(path)
-  if os.path.isdir(path):
-    prefix = checkpoint_state.to_read(path)
-    if prefix is None:
-      found = [f for f in os.listdir(path) if f.endswith('.index')]
-      raise ConfigError(
-          '{TrainOptions.tf_initial_checkpoint}=%s is a directory without a '
-          'checkpoint to take (no "checkpoint" state file naming one, no '
-          'complete model.ckpt-N, and %s .index files): pass a prefix such '
-          'as %s/model.ckpt-30000', path, len(found) or 'no',
-          path.rstrip('/'))
-    return prefix
-  if os.path.exists(path + '.index'):
-    return path
-  if os.path.isfile(path):
-    why = restore_lib.file_not_a_checkpoint(path)
-    if why:
-      raise ConfigError('{TrainOptions.tf_initial_checkpoint}=%s', why)
-    return path
-  raise ConfigError('{TrainOptions.tf_initial_checkpoint}=%s: no checkpoint '
-                    'there (expected %s.index, or a directory holding '
-                    'checkpoints)', path, path)
+  return checkpoint_state.resolve(
+      path, '{TrainOptions.tf_initial_checkpoint}',
+      'pass a folder that holds the checkpoint to start from, or the '
+      'checkpoint\'s prefix (DIR/model.ckpt-N, the name its .index file '
+      'starts with)')
 
 
 @dataclasses.dataclass
