@@ -382,6 +382,42 @@ def test_build_data_prints_the_table_and_warns(tmp_path):
   assert counted == _numpy_stats(pairs, num_classes=5)
 
 
+def test_an_ignore_label_that_is_a_class_id_is_counted_once(tmp_path):
+  """ADE20K's ignore label is its class 0: its pixels were counted both as
+  ignore and as class 0, so the shares, the missing classes and the auto
+  weights all took an ignored id for a trained class."""
+  ids = np.array([[0, 0, 0, 1], [1, 2, 2, 0], [0, 0, 1, 1]], np.uint8)
+  counter = stats.SplitCounter(4, 0)
+  counter.add(*ids.shape, ids)
+  counted = counter.result()
+  assert counted.class_pixels == (0, 4, 2, 0)
+  assert counted.ignore_pixels == 6
+  assert counted.total_pixels == ids.size
+  assert counted.class_shares()[1] == pytest.approx(4 / 6)
+  # Class 0 is neither missing nor absent; class 3 is.
+  assert stats.split_warnings('train', counted, None, 0) == [
+      "split 'train' has no pixel of class 3: the model cannot learn them",
+      "split 'train': 50.0 % of all label pixels are ignore (id 0) (over "
+      '30 %): check the ignore label']
+  table = stats.format_table('train', counted, None, 0).splitlines()
+  assert table[0].endswith('12 label pixels, 50.00 % of them ignore (id 0)')
+  assert table[2].split() == ['0', '0', '0.000%', 'ignored', '(the',
+                              'ignore', 'label)']
+  weights, absent = stats.class_weights(counted.class_pixels, 'auto_median',
+                                        ignore_label=0)
+  # freq 4/6, 2/6 for classes 1 and 2: median 0.5.
+  assert weights == pytest.approx((0., 0.75, 1.5, 1.5))
+  assert absent == (3,)
+  # A dataset.json written before counted class 0 twice: read right.
+  (tmp_path / 'dataset.json').write_text(json.dumps({
+      'name': 'ade_like', 'num_classes': 4, 'ignore_label': 0,
+      'splits_to_sizes': {'train': 1},
+      'statistics': {'train': dict(counted.to_dict(),
+                                   class_pixels=[6, 4, 2, 0])}}))
+  info = datasets.read_dataset_json(str(tmp_path))
+  assert info.split_statistics('train') == counted
+
+
 # ---------------------------------------------------------------------------
 # dataset.json compatibility.
 # ---------------------------------------------------------------------------

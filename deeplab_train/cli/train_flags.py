@@ -216,7 +216,8 @@ def _derived_weights(scheme, dataset_dir, split, info=None):
         '--write_dataset_json, or rebuild the split with deeplab-build-data',
         scheme, split, where, dataset_dir or 'DIR', split)
   try:
-    weights, absent = stats_lib.class_weights(counted.class_pixels, scheme)
+    weights, absent = stats_lib.class_weights(counted.class_pixels, scheme,
+                                              info.ignore_label)
   except config.ConfigError as e:
     raise config.ConfigError('--label_weights=%s: split %r: %s', scheme,
                              split, str(e)) from None
@@ -224,7 +225,8 @@ def _derived_weights(scheme, dataset_dir, split, info=None):
                'pixels of split %r:\n%s', scheme,
                stats_lib.WEIGHT_FORMULAS[scheme], counted.labelled_pixels,
                split, stats_lib.format_weights(weights, counted.class_pixels,
-                                               info.class_names))
+                                               info.class_names,
+                                               info.ignore_label))
   if absent:
     logging.warning(
         '--label_weights=%s: split %r has no pixel of %s: given the largest '

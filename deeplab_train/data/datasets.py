@@ -118,7 +118,8 @@ class DatasetInfo:
     if self.statistics is not None:
       set_('statistics', {
           str(k): (v if isinstance(v, stats_lib.SplitStats)
-                   else stats_lib.SplitStats.from_dict(v))
+                   else stats_lib.SplitStats.from_dict(v)).ignoring(
+                       self.ignore_label)
           for k, v in dict(self.statistics).items()})
 
   __hash__ = None  # splits_to_sizes and statistics are dicts

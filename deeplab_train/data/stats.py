@@ -72,7 +72,8 @@ class SplitStats:
     num_images: records of the split.
     min_height / max_height / min_width / max_width: image size range in
       pixels (0 for an empty split).
-    class_pixels: pixels of each class id 0..num_classes-1.
+    class_pixels: pixels of each class id 0..num_classes-1; 0 for the
+      ignore label where it is a class id (ADE20K's 0), see `ignoring`.
     ignore_pixels: pixels of the ignore label.
     invalid_pixels: pixels of any other value (the trainer refuses them).
     invalid_values: those other values, sorted.
@@ -124,6 +125,19 @@ class SplitStats:
     """Each class's share of the labelled pixels (zeros without any)."""
     labelled = self.labelled_pixels
     return tuple(p / labelled if labelled else 0. for p in self.class_pixels)
+
+  def ignoring(self, ignore_label):
+    """These statistics with no class pixels for `ignore_label` where it
+    is a class id (ADE20K ignores its class 0): its pixels are counted in
+    ignore_pixels only. dataset.json files of builds before 2026-12-07
+    counted them twice; read through this, they give the right shares."""
+    if not 0 <= ignore_label < self.num_classes:
+      return self
+    if not self.class_pixels[ignore_label]:
+      return self
+    pixels = list(self.class_pixels)
+    pixels[ignore_label] = 0
+    return dataclasses.replace(self, class_pixels=tuple(pixels))
 
   def to_dict(self):
     d = dataclasses.asdict(self)
@@ -219,7 +233,7 @@ class SplitCounter:
         ignore_pixels=ignore, invalid_pixels=int(pixels[other].sum()),
         invalid_values=tuple(int(v)
                              for v in np.flatnonzero(other & (pixels > 0))),
-        unlabelled_images=self._unlabelled)
+        unlabelled_images=self._unlabelled).ignoring(self.ignore_label)
 
 
 def _widen(bounds, low, high):
@@ -347,7 +361,8 @@ def format_table(split, counted, class_names=None, ignore_label=None):
                                            'share'))
   for i, (pixels, share) in enumerate(zip(counted.class_pixels,
                                           counted.class_shares())):
-    note = ('  none' if not pixels else
+    note = ('  ignored (the ignore label)' if i == ignore_label else
+            '  none' if not pixels else
             '  rare' if share < RARE_CLASS_SHARE else '')
     lines.append('  %4d  %-*s  %15s  %7.3f%%%s' % (
         i, width, names[i], '{:,}'.format(pixels), 100 * share, note))
@@ -389,7 +404,8 @@ def split_warnings(split, counted, class_names=None, ignore_label=None):
   out = []
   if counted.labelled_pixels:
     name = lambda i: class_label(i, class_names)
-    missing = [i for i, p in enumerate(counted.class_pixels) if not p]
+    missing = [i for i, p in enumerate(counted.class_pixels)
+               if not p and i != ignore_label]
     if missing and is_training_split(split):
       out.append('split %r has no pixel of %s: the model cannot learn '
                  'them%s' % (split, _listed(name(i) for i in missing),
@@ -420,12 +436,15 @@ def split_warnings(split, counted, class_names=None, ignore_label=None):
 # ---------------------------------------------------------------------------
 # Class weights.
 # ---------------------------------------------------------------------------
-def class_weights(class_pixels, scheme):
+def class_weights(class_pixels, scheme, ignore_label=None):
   """One loss weight per class from its pixel count (module docstring).
 
   Args:
     class_pixels: pixels of each class id.
     scheme: one of WEIGHT_SCHEMES.
+    ignore_label: the ignore id; where it is a class id (ADE20K's 0), it
+      gets weight 0 (its pixels carry no loss whatever it weighs) and is
+      neither counted nor reported absent.
 
   Returns:
     (weights: tuple of floats, one per class; absent: tuple of the ids with
@@ -438,6 +457,10 @@ def class_weights(class_pixels, scheme):
     raise ConfigError('unknown class weight scheme %r; known: %s'
                       % (scheme, ', '.join(WEIGHT_SCHEMES)))
   pixels = np.asarray(class_pixels, np.float64)
+  ignored = np.zeros(len(pixels), bool)
+  if ignore_label is not None and 0 <= ignore_label < len(pixels):
+    ignored[ignore_label] = True
+    pixels[ignore_label] = 0.
   if not len(pixels) or pixels.sum() <= 0:
     raise ConfigError('no labelled pixel to derive class weights from')
   freq = pixels / pixels.sum()
@@ -448,20 +471,24 @@ def class_weights(class_pixels, scheme):
     weights /= weights[present].mean()
   else:
     weights = np.median(freq[present]) / safe
-  weights[~present] = weights[present].max()
+  absent = ~present & ~ignored
+  weights[absent] = weights[present].max()
+  weights[ignored] = 0.
   return (tuple(float(w) for w in weights),
-          tuple(int(i) for i in np.flatnonzero(~present)))
+          tuple(int(i) for i in np.flatnonzero(absent)))
 
 
-def format_weights(weights, class_pixels, class_names=None):
+def format_weights(weights, class_pixels, class_names=None,
+                   ignore_label=None):
   """A table of the weights: id, name, share of the labelled pixels,
-  weight."""
+  weight (the ignore id's row marked)."""
   total = float(sum(class_pixels)) or 1.
   names = class_names or ('',) * len(weights)
   width = max([5] + [len(n) for n in names])
   lines = ['  %4s  %-*s  %8s  %9s' % ('id', width, 'class', 'share',
                                       'weight')]
   for i, (w, p) in enumerate(zip(weights, class_pixels)):
-    lines.append('  %4d  %-*s  %7.3f%%  %9.4g' % (i, width, names[i],
-                                                  100 * p / total, w))
+    lines.append('  %4d  %-*s  %7.3f%%  %9.4g%s' % (
+        i, width, names[i], 100 * p / total, w,
+        '  (the ignore label)' if i == ignore_label else ''))
   return '\n'.join(lines)
