@@ -530,6 +530,90 @@ def test_generic_layout_matches_by_stem(tmp_path, caplog):
     build.build_generic(str(img_dir), str(mask_dir), None, out, OPTIONS)
 
 
+def test_masks_are_found_by_any_case_of_extension_and_unicode_form(
+    tmp_path, caplog):
+  """b.PNG beside b.jpg was 'no <stem>.png mask ... found b.PNG instead:
+  masks must be .png files'; an image named in decomposed Unicode (macOS)
+  found no mask named in composed form; images and masks in one folder
+  were told to 'keep one' of each pair."""
+  rng = np.random.RandomState(3)
+  img_dir, mask_dir = tmp_path / 'images', tmp_path / 'masks'
+  img_dir.mkdir()
+  mask_dir.mkdir()
+  composed = 'K\u00fcche'
+  want = {}
+  for stem, image_name, mask_name in (
+      ('a', 'a.JPG', 'a.png'), ('b', 'b.jpg', 'b.PNG'),
+      (composed, unicodedata.normalize('NFD', composed) + '.png',
+       composed + '.png')):
+    ids = common.blocky_label(rng, 18, 22, 4, 3)
+    Image.fromarray(common.random_image(rng, 18, 22)).save(
+        str(img_dir / image_name),
+        format='PNG' if image_name.endswith('png') else 'JPEG')
+    common.save_label(str(mask_dir / mask_name), ids)
+    want[unicodedata.normalize('NFC', stem)] = ids
+  out = str(tmp_path / 'out')
+  with caplog.at_level('WARNING'):
+    info = build.build_generic(str(img_dir), str(mask_dir), 'train', out,
+                               OPTIONS)
+  assert info.splits_to_sizes == {'train': 3}
+  assert 'have no image' not in caplog.text
+  for feature, _, ids in all_records(out, 'train', 2):
+    name = unicodedata.normalize(
+        'NFC', feature['image/filename'].bytes_list.value[0].decode())
+    np.testing.assert_array_equal(ids, want.pop(name))
+  assert not want
+  with pytest.raises(ConfigError, match=(
+      'image_folder and masks_folder are the same folder, %s: its .png '
+      'masks would be read as images too' % img_dir)):
+    build.build_generic(str(img_dir), str(img_dir), 'train', out, OPTIONS)
+  # The VOC layout finds a listed id's image saved as .JPG.
+  images, labels, lists = voc(tmp_path, {'train': common.tiny_pairs(4, 1)})
+  for f in os.listdir(images):
+    stem = os.path.splitext(f)[0]
+    Image.open(os.path.join(images, f)).convert('RGB').save(
+        os.path.join(images, stem + '.JPG'), format='JPEG')
+    os.remove(os.path.join(images, f))
+  info = build.build_voc(images, labels, lists, str(tmp_path / 'voc_out'),
+                         OPTIONS, image_format='jpg')
+  assert info.splits_to_sizes == {'train': 1}
+
+
+def test_flags_another_layout_reads_and_bad_split_names_are_refused(
+    tmp_path):
+  """--list_folder beside --masks_folder was ignored: every image of the
+  folder went into the split, the val images into train. --split_name=../x
+  wrote its records outside --output_dir and reported 'ok'."""
+  (tmp_path / 'images').mkdir()
+  (tmp_path / 'masks').mkdir()
+  generic = ['--image_folder=images', '--masks_folder=masks',
+             '--output_dir=out', '--num_classes=4']
+  cases = [
+      (generic + ['--split_name=val', '--list_folder=lists'],
+       '--list_folder is not read in the layout --masks_folder selects: to '
+       'convert only the images a <split>.txt list names, give the masks as '
+       '--semantic_segmentation_folder (the VOC layout) in place of '
+       '--masks_folder'),
+      (generic + ['--split_name=val', '--image_format=png'],
+       '--image_format is not read in the layout --masks_folder selects'),
+      (['--cityscapes_root=.', '--image_folder=images', '--output_dir=out'],
+       '--image_folder is not read in the layout --cityscapes_root selects: '
+       'the images and labels are read under the root'),
+      (generic + ['--split_name=../escaped'],
+       '--split_name=../escaped: a split name starts the names of its files'),
+      (generic + ['--split_name=train*'], '--split_name=train*: a split'),
+  ]
+  for args, message in cases:
+    result = _cli(args, str(tmp_path))
+    assert result.returncode == 2, (args, result.stderr)
+    assert result.stderr.splitlines()[-1].startswith(
+        'deeplab-build-data: error: ' + message), result.stderr
+  assert sorted(os.listdir(tmp_path)) == ['images', 'masks']
+  # The library refuses such a name too (a VOC list named so).
+  with pytest.raises(ConfigError, match="cannot write split '../x'"):
+    build.convert({'../x': []}, str(tmp_path / 'out'), OPTIONS)
+
+
 def test_bad_options_name_the_field():
   # The library names fields; deeplab-build-data shows them as its flags
   # (test_cli_errors_name_the_flags).

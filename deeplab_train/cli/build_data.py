@@ -170,11 +170,45 @@ def _dataset_defaults():
                    own))
 
 
-def options_from_flags():
-  """The flags -> a BuildJob (its BuildOptions validated)."""
+# The flags of one layout that another layout does not read: given, they
+# would be ignored (a list of the images to convert, silently not used).
+_NOT_READ = {
+    'masks_folder': {
+        'list_folder': 'to convert only the images a <split>.txt list names, '
+                       'give the masks as --semantic_segmentation_folder (the '
+                       'VOC layout) in place of --masks_folder',
+        'semantic_segmentation_folder': 'give the masks as one of the two',
+        'image_format': 'the images of --image_folder are taken as found '
+                        '(.jpg, .jpeg and .png)'},
+    'cityscapes_root': {
+        name: 'the images and labels are read under the root '
+              '(leftImg8bit/ and gtFine/)'
+        for name in ('image_folder', 'semantic_segmentation_folder',
+                     'list_folder', 'image_format')},
+}
+
+
+def _check_layout_flags():
+  """Raises ConfigError for a flag the layout chosen does not read."""
   if FLAGS.cityscapes_root and FLAGS.masks_folder:
     raise ConfigError('--cityscapes_root and --masks_folder select two '
                       'layouts; give one')
+  for layout, others in _NOT_READ.items():
+    if not FLAGS[layout].value:
+      continue
+    for name, fix in others.items():
+      if FLAGS[name].present:
+        raise ConfigError('--%s is not read in the layout --%s selects: %s',
+                          name, layout, fix)
+  if FLAGS.split_name is not None:
+    why = build_inputs.split_name_problem(FLAGS.split_name)
+    if why:
+      raise ConfigError('--split_name=%s: %s', FLAGS.split_name, why)
+
+
+def options_from_flags():
+  """The flags -> a BuildJob (its BuildOptions validated)."""
+  _check_layout_flags()
   dataset_name, num_classes, ignore_label = _dataset_defaults()
   options = build_options.BuildOptions(
       num_classes=num_classes, ignore_label=ignore_label,

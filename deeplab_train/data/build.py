@@ -285,6 +285,10 @@ def convert(splits_to_entries, output_dir, options):
     ConfigError / DataError: bad options or input files.
   """
   options.validate()
+  for split in splits_to_entries:
+    why = build_inputs.split_name_problem(split)
+    if why:
+      raise ConfigError('cannot write split %r: %s', split, why)
   os.makedirs(output_dir, exist_ok=True)
   with folder_lock(output_dir):
     _finish_killed(output_dir)

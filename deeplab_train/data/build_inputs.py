@@ -55,6 +55,21 @@ class Entry:
   label_map: Optional[Tuple[int, ...]] = None
 
 
+# Characters a split name cannot hold: it starts the names of its shard
+# files, and readers find those with the glob '<split>-*'.
+_SPLIT_NAME_BAD = '/\\*?[]'
+
+
+def split_name_problem(name):
+  """Why `name` cannot name a split (None: it can)."""
+  if not name or name.startswith('.') or any(c in _SPLIT_NAME_BAD
+                                              for c in name):
+    return ('a split name starts the names of its files (<split>-00000-of-'
+            '00004.tfrecord) and of its list (<split>.txt): it cannot be '
+            'empty, start with "." or hold any of / \\ * ? [ ]')
+  return None
+
+
 def require_dir(path, field):
   """Raises ConfigError unless `path` is a folder.
 
@@ -121,13 +136,15 @@ def voc_entries(list_file, image_folder, label_folder, image_format='jpg',
 def _listed_file(folder, name, extension):
   """The path of `<name>.<extension>` in `folder`. A name with accents may
   be stored in either Unicode form (macOS writes decomposed names, most
-  editors composed ones): the file is found under either; the plain path
-  when neither exists."""
+  editors composed ones), and the extension in upper case (cameras write
+  .JPG): the file is found under any of these; the plain path when none
+  exists."""
   for form in (None, 'NFC', 'NFD'):
     stem = unicodedata.normalize(form, name) if form else name
-    path = os.path.join(folder, '%s.%s' % (stem, extension))
-    if os.path.isfile(path):
-      return path
+    for ext in (extension, extension.upper()):
+      path = os.path.join(folder, '%s.%s' % (stem, ext))
+      if os.path.isfile(path):
+        return path
   return os.path.join(folder, '%s.%s' % (name, extension))
 
 
@@ -182,6 +199,11 @@ def generic_entries(image_folder, masks_folder, label_format='png'):
   """
   require_dir(image_folder, '{build_generic.image_folder}')
   require_dir(masks_folder, '{build_generic.masks_folder}')
+  if os.path.realpath(image_folder) == os.path.realpath(masks_folder):
+    raise ConfigError(
+        '{build_generic.image_folder} and {build_generic.masks_folder} are '
+        'the same folder, %s: its .png masks would be read as images too; '
+        'move the masks to a folder of their own', image_folder)
   images, skipped = {}, []
   for f in sorted(os.listdir(image_folder)):
     stem, ext = os.path.splitext(f)
@@ -201,10 +223,11 @@ def generic_entries(image_folder, masks_folder, label_format='png'):
     raise build_options.DataError(
         '{build_generic.image_folder}=%s holds no .jpg/.jpeg/.png images',
         image_folder)
+  masks = _masks_by_stem(masks_folder, label_format)
   entries, unmatched = [], []
   for stem in sorted(images):
-    mask = os.path.join(masks_folder, '%s.%s' % (stem, label_format))
-    if os.path.isfile(mask):
+    mask = masks.pop(_same_name(stem), None)
+    if mask is not None:
       entries.append(Entry(stem, images[stem], mask))
     else:
       unmatched.append(os.path.basename(images[stem]))
@@ -224,15 +247,30 @@ def generic_entries(image_folder, masks_folder, label_format='png'):
     _log.warning('%s: %d file(s) skipped, not .jpg/.jpeg/.png images: %s; '
                  'convert them to JPEG or PNG to train on them', image_folder,
                  len(skipped), build_options.few(skipped))
-  orphans = sorted(
-      f for f in os.listdir(masks_folder)
-      if f.endswith('.' + label_format) and not f.startswith('.')
-      and f[:-len(label_format) - 1] not in images)
+  orphans = sorted(os.path.basename(path) for path in masks.values())
   if orphans:
     _log.warning('%s: %d mask(s) have no image in %s, and are skipped: %s',
                  masks_folder, len(orphans), image_folder,
                  build_options.few(orphans))
   return entries
+
+
+def _same_name(stem):
+  """The key under which two spellings of one file name meet: one Unicode
+  form (macOS writes decomposed names, most editors composed ones)."""
+  return unicodedata.normalize('NFC', stem)
+
+
+def _masks_by_stem(masks_folder, label_format):
+  """{_same_name(stem): path} of the `.<label_format>` files of
+  `masks_folder`, the extension in any case (b.PNG)."""
+  masks = {}
+  for f in sorted(os.listdir(masks_folder)):
+    stem, ext = os.path.splitext(f)
+    if (ext.lower() == '.' + label_format and not f.startswith('.')
+        and os.path.isfile(os.path.join(masks_folder, f))):
+      masks.setdefault(_same_name(stem), os.path.join(masks_folder, f))
+  return masks
 
 
 def cityscapes_splits(root, split_name=None):
