@@ -144,6 +144,12 @@ def test_bad_input_names_the_flag(models, tmp_path, capsys):
       ['--exported_model=' + models['.pb'], '--bench_batch_size=0'], capsys)
   assert '--bench_variants' in _fails(
       ['--exported_model=' + models['.pb'], '--bench_variants=bf16'], capsys)
+  # An output that cannot be written was found after the whole measuring
+  # ('cannot write ...: File exists', exit 1).
+  err = _fails(['--exported_model=' + models['.pb'],
+                '--bench_json=%s/x.jsonl' % junk], capsys)
+  assert '--bench_json=%s/x.jsonl is under %s, which is a file' % (
+      junk, junk) in err
 
 
 def test_image_too_large_in_the_child_is_bad_input(models, capsys):

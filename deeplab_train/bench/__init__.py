@@ -25,7 +25,9 @@ count and loss without a second model of the network to maintain.
 How (f) is measured: a few extra steps are run with a full trace; the time
 of the `IteratorGetNext` op of each traced step is the time the towers
 waited for the pipeline (the op returns as soon as a prefetched batch is
-ready), reported per step and as a share of the traced step's wall time.
+ready), reported per step and as a share of the untraced step time (b).
+A traced step takes 2 to 40 times longer, which gives the pipeline more
+time to fill its buffer: the wait is a lower bound of an untraced step's.
 
 `run_comparison` (bench/compare.py) instead trains the original DeepLab
 trainer and deeplab-train alternately on the same records and flags and

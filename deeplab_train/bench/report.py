@@ -40,10 +40,15 @@ def _format(fmt, value):
 
 
 def variant_name(result):
-  """'fp32', 'bf16', 'bf16+xla', ... for a result dict."""
-  name = {'none': 'fp32'}.get(result['mixed_precision'],
-                                result['mixed_precision'])
-  return name + ('+xla' if result['use_xla'] else '')
+  """'fp32', 'bf16', 'bf16+xla', ... for a result dict; 'auto (bf16)'
+  where --bench_variants gave a setting that chose another."""
+  fp32 = lambda text: text.replace('none', 'fp32')
+  name = fp32(result['mixed_precision']) + ('+xla' if result['use_xla']
+                                            else '')
+  given = result.get('bench_variant')
+  if given is None or fp32(given) in (name, name.replace('fp32+', '')):
+    return name
+  return '%s (%s)' % (given, name)
 
 
 def format_table(results):

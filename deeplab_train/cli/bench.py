@@ -76,6 +76,7 @@ from deeplab_train import config
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
+from deeplab_train.cli import output_paths
 from deeplab_train.cli import train_flags
 from deeplab_train.data import datasets
 from deeplab_train.runtime import cpu as cpu_lib
@@ -384,6 +385,8 @@ def options_from_flags():
   Raises:
     config.ConfigError: bad flags.
   """
+  # Checked before minutes of measuring, not when the results are written.
+  output_paths.check_output_file('bench_json', FLAGS.bench_json)
   if _exported_paths():
     return exported_options_from_flags()
   compare_options = _compare_options()  # a bad folder fails first
@@ -497,7 +500,7 @@ def run_variants(job):
       logging.info('%s is --mixed_precision=%s%s here, as %s: its result '
                    'is reused, not measured again', variant, mode,
                    ' --use_xla' if xla else '', earlier)
-      results.append(dict(result))
+      results.append(dict(result, bench_variant=variant))
       continue
     logging.info('benchmarking %s (--mixed_precision=%s%s)', variant, mode,
                  ' --use_xla' if xla else '')
@@ -509,7 +512,8 @@ def run_variants(job):
       raise RuntimeError('benchmark of %s failed (exit %d):\n%s'
                          % (variant, proc.returncode, tail))
     measured[(mode, xla)] = (variant, result)
-    results.append(result)
+    # The setting as given: auto's result says bf16 or none.
+    results.append(dict(result, bench_variant=variant))
   return results
 
 
