@@ -98,9 +98,42 @@ _BUFFER_NAME = re.compile(r'\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>')
 
 
 def _packed(rgb):
-  """Colours [..., 3] as one int64 each (0xRRGGBB), to compare or look up."""
-  rgb = np.asarray(rgb, dtype=np.int64)
-  return (rgb[..., 0] << 16) | (rgb[..., 1] << 8) | rgb[..., 2]
+  """Colours [..., 3] as one uint32 each (0xRRGGBB), to compare or look
+  up: 4 bytes a pixel (a 100-megapixel label is read in pieces of this
+  size, not in int64 copies and sorts of it)."""
+  rgb = np.asarray(rgb)
+  packed = rgb[..., 0].astype(np.uint32) << 16
+  packed |= rgb[..., 1].astype(np.uint32) << 8
+  packed |= rgb[..., 2].astype(np.uint32)
+  return packed
+
+
+def values_present(ids):
+  """The distinct values of the array `ids`, sorted: counted in 256 bins
+  for uint8 (no sorted copy of a large label), else np.unique."""
+  ids = np.asarray(ids)
+  if ids.dtype == np.uint8:
+    return np.flatnonzero(np.bincount(ids.ravel(), minlength=256))
+  return np.unique(ids)
+
+
+# The id of every packed colour (2**24 entries, 32 MiB), per palette,
+# class count and ignore id; _UNKNOWN where the palette has no such colour.
+_UNKNOWN = 0xFFFF
+_lookup_tables = {}
+
+
+def _lookup_table(palette, num_classes, ignore_label):
+  key = (palette if isinstance(palette, str) else
+         tuple(map(tuple, palette)), num_classes, ignore_label)
+  table = _lookup_tables.get(key)
+  if table is None:
+    table = np.full(1 << 24, _UNKNOWN, np.uint16)
+    for colour, i in _colour_table(palette, num_classes,
+                                   ignore_label).items():
+      table[colour] = i
+    _lookup_tables[key] = table   # (threads may build it twice: the same)
+  return table
 
 
 def _rgb_text(packed):
@@ -133,16 +166,16 @@ def rgb_label_to_ids(rgb, path, options):
     DataError: colours that are not in the palette, listed with counts.
   """
   palette = options.palette()
-  table = _colour_table(palette, options.num_classes, options.ignore_label)
   packed = _packed(rgb)
-  colours, inverse, counts = np.unique(packed, return_inverse=True,
-                                       return_counts=True)
-  unknown = [(int(c), int(n)) for c, n in zip(colours, counts)
-             if int(c) not in table]
-  if unknown:
-    raise _unknown_colours_error(rgb, path, palette, options, unknown)
-  ids = np.array([table[int(c)] for c in colours], dtype=np.uint8)
-  return ids[inverse.reshape(-1)].reshape(packed.shape)
+  ids = _lookup_table(palette, options.num_classes,
+                      options.ignore_label)[packed]
+  missed = ids == _UNKNOWN
+  if missed.any():
+    colours, counts = np.unique(packed[missed], return_counts=True)
+    raise _unknown_colours_error(
+        rgb, path, palette, options,
+        [(int(c), int(n)) for c, n in zip(colours, counts)])
+  return ids.astype(np.uint8)
 
 
 def _unknown_colours_error(rgb, path, palette, options, unknown):
@@ -190,13 +223,17 @@ def read_label(path, options, label_map=None):
   if palette and label_map is None and options.convert_rgb_labels:
     _check_palette_order(pixels, palette, path, options)
   if mode in _ID_MODES:
-    ids = pixels.astype(np.int64)
+    # 8-bit ids stay 1 byte a pixel; 16- and 32-bit ones are checked wide.
+    ids = np.asarray(pixels, np.uint8 if pixels.dtype in (np.uint8, np.bool_)
+                     else np.int64)
     if label_map is not None:
       if ids.size and not 0 <= ids.min() <= ids.max() < len(label_map):
         raise build_options.DataError(
             '%s: label values %d..%d, expected 8-bit label ids', path,
             ids.min(), ids.max())
-      ids = np.asarray(label_map, dtype=np.int64)[ids]
+      label_map = np.asarray(label_map, dtype=np.int64)
+      ids = label_map.astype(np.uint8 if label_map.max() < 256
+                             else np.int64)[ids]
   elif mode in ('RGB', 'RGBA'):
     if not options.convert_rgb_labels:
       raise build_options.DataError(
@@ -210,7 +247,7 @@ def read_label(path, options, label_map=None):
         '%s: unsupported label image mode %r; use a palette (P) or grey (L) '
         'PNG of class ids', path, mode)
   check_label_values(ids, path, options.num_classes, options.ignore_label)
-  return ids.astype(np.uint8)
+  return np.asarray(ids, np.uint8)
 
 
 def _check_palette_order(indices, palette, path, options):
@@ -220,7 +257,7 @@ def _check_palette_order(indices, palette, path, options):
   show. A palette of its own colours, or one that repeats a used colour,
   says nothing about the ids and is read as it is."""
   colours = np.asarray(palette).reshape(-1, 3)
-  used = np.unique(indices)
+  used = values_present(indices)
   if used.size == 0 or used.max() >= len(colours):
     return
   packed = _packed(colours[used])
@@ -249,7 +286,7 @@ def _check_palette_order(indices, palette, path, options):
 
 def check_label_values(ids, path, num_classes, ignore_label):
   """Raises DataError naming `path` and the ids outside the valid set."""
-  values = np.unique(ids)
+  values = values_present(ids)
   bad = [int(v) for v in values
          if not (0 <= v < num_classes or v == ignore_label)]
   if bad:
