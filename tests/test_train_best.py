@@ -2,6 +2,7 @@
 checkpoint in best/ (and deeplab-eval agreeing with its metric), early
 stopping, a kill -9 then a resume, and the flags' checks."""
 import json
+import logging
 import os
 
 from absl import flags
@@ -98,6 +99,74 @@ def test_resume_repairs_what_a_kill_left(tmp_path):
   assert state.best is None and state.without_improvement == 1
 
 
+def test_what_a_resumed_run_does_not_take_from_best_and_the_history(
+    tmp_path, caplog):
+  """Before: best.json of the wrong types was a traceback (exit 1, the
+  logdir stuck); a NaN value was never beaten; a logdir whose checkpoints
+  were deleted stopped early at step 0 on the old run's history; another
+  split's evaluations counted for early stopping; iou/0 and iou/<its name>
+  were two metrics."""
+  from deeplab_train.data import datasets  # pylint: disable=g-import-not-at-top
+  logdir = str(tmp_path)
+  info = datasets.DatasetInfo(name='d', num_classes=2, ignore_label=255,
+                              splits_to_sizes={}, class_names=('bg', 'fg'))
+  record = lambda step, miou, split='val': {
+      'step': step, 'miou': miou, 'seconds': 1.0, 'split': split,
+      'per_class_iou': {'bg': miou, 'fg': miou}}
+  best_json = os.path.join(logdir, 'best', 'best.json')
+  os.makedirs(os.path.dirname(best_json))
+
+  def write_best(text):
+    with open(best_json, 'w') as f:
+      f.write(text)
+  validation.write_history(logdir, [record(2, 0.5), record(4, 0.4)])
+  for damaged in ('[1, 2]', '{"step": 2, "metric": "miou", "value": "abc"}',
+                  '{"step": 2, "metric": "miou", "value": NaN}',
+                  '{"step": "x", "metric": "miou", "value": 0.5}',
+                  '{"step": 2, "metric": "miou", "value": 0.5, '
+                  '"record": {"miou": 0.5}}'):
+    write_best(damaged)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+      state = validation.load_state(logdir, 'miou', None, 0.0,
+                                    checkpoint_step=4, split='val')
+    assert state.best is None, damaged
+    assert ('cannot read %s' % best_json) in caplog.text, damaged
+  # A history line of the wrong types is skipped, not a TypeError later.
+  with open(validation.history_path(logdir), 'a') as f:
+    f.write('{"step": 5, "miou": "x"}\n')
+  assert [r['step'] for r in validation.read_history(logdir)] == [2, 4]
+
+  write_best(json.dumps({'step': 2, 'metric': 'iou/0', 'value': 0.5,
+                         'record': record(2, 0.5)}))
+  state = validation.load_state(logdir, 'iou/bg', 'bg', 0.0,
+                                checkpoint_step=4, split='val',
+                                dataset_info=info)
+  assert state.best['step'] == 2 and state.without_improvement == 1
+  # Scored on another split: neither best/ nor the count is compared with.
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    state = validation.load_state(logdir, 'iou/bg', 'bg', 0.0,
+                                  checkpoint_step=4, split='train',
+                                  dataset_info=info)
+  assert state.best is None and state.without_improvement == 0
+  assert len(state.records) == 2
+  assert "best/ holds the best on split 'val', not 'train'" in caplog.text
+  # The checkpoints are gone (a fresh start, step 0): the old evaluations
+  # are moved aside, best/ is replaced by the next evaluation.
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    state = validation.load_state(logdir, 'miou', None, 0.0,
+                                  checkpoint_step=0, split='val')
+  assert state.best is None and state.records == []
+  assert not state.patience_used_up(1)
+  assert _history(logdir) == []
+  aside = validation.history_path(logdir) + '.until-step-4'
+  # As it was, its skipped line too: nothing is lost.
+  assert [json.loads(l)['step'] for l in open(aside)] == [2, 4, 5]
+  assert 'best/ holds step 2, past the latest checkpoint' in caplog.text
+
+
 def test_early_stopping_starts_at_its_start_step(tmp_path):
   """Before the start step evaluations are history only: a flat start
   (batch norm averages still at their initial values) does not use up the
@@ -133,7 +202,9 @@ def test_history_best_and_deeplab_eval_agree(tmp_path, records, capsys):
   # Every 2 steps, and the last step.
   assert [r['step'] for r in history] == [2, 4, 5]
   for record in history:
-    assert sorted(record) == ['miou', 'per_class_iou', 'seconds', 'step']
+    assert sorted(record) == ['miou', 'per_class_iou', 'seconds', 'split',
+                              'step']
+    assert record['split'] == 'val'
     assert 0.0 <= record['miou'] <= 1.0
     assert len(record['per_class_iou']) == tt.NUM_CLASSES
   best = _best(logdir)
@@ -220,6 +291,33 @@ def test_an_evaluation_lost_to_a_full_disk_is_scored_by_the_next_run(
   code, result = _main(args)
   assert code == 0 and 'scored' not in result['message'], result
   assert [r['step'] for r in _history(logdir)] == [2, 3]
+
+
+def test_an_evaluation_lost_on_the_rhythm_is_scored_when_training_goes_on(
+    tmp_path, records, monkeypatch):
+  """The next run scored a lost evaluation only when nothing was left to
+  train: one that trained on never scored that step (the best could be
+  lost, the early-stopping count was off)."""
+  logdir = tmp_path / 'log'
+  args = tt.tiny_cli_args(logdir, records, 4, '--base_learning_rate=0',
+                          '--eval_interval_steps=2')
+  save_best = validation.save_best
+
+  def disk_full_at_step_2(path, checkpoint, best):
+    if best['step'] == 2:
+      raise OSError(28, 'No space left on device')
+    return save_best(path, checkpoint, best)
+  monkeypatch.setattr(validation, 'save_best', disk_full_at_step_2)
+  code, result = _main(args)
+  assert (code, result['stop_reason'], result['global_step']) == (
+      1, 'validation_not_saved', 2), result
+  assert _history(logdir) == []
+  assert not os.path.exists(os.path.join(str(logdir), 'best'))
+  monkeypatch.setattr(validation, 'save_best', save_best)
+  code, result = _main(args)
+  assert (code, result['global_step']) == (0, 4), result
+  assert [r['step'] for r in _history(logdir)] == [2, 4]
+  assert _best(logdir)['step'] == 2
 
 
 @pytest.mark.slow

@@ -266,7 +266,16 @@ class TrainingRun:
       return self._result('ok', 'nothing_to_do', global_step=start_step,
                           checkpoint=latest, detail=detail)
     if self.role.decides_weights and spec.run_options.validates:
-      self._validation = self._validation_state()
+      if (latest and start_step and
+          not start_step % spec.run_options.eval_interval_steps):
+        # A step of the rhythm the run that saved it did not score (killed,
+        # stopped by a signal or the time budget, or best/ or the history
+        # could not be written): scored before training goes on.
+        failed, _ = self._score_unscored(latest, start_step)
+        if failed is not None:
+          return failed
+      else:
+        self._validation = self._validation_state(start_step)
       if self._validation.patience_used_up(
           spec.run_options.early_stopping_patience):
         return self._patience_used_up(start_step, latest)
@@ -316,15 +325,16 @@ class TrainingRun:
                      'workers stop when they join')
 
   def _score_unscored(self, latest, step):
-    """With nothing to train, a validating run scores the latest checkpoint
-    when the run that saved it did not (it was killed before, or could not
-    write best/ or the history).
+    """A validating run scores the latest checkpoint when the run that
+    saved it did not (it was killed before, or could not write best/ or the
+    history): with nothing to train, or at a step of the rhythm. Sets
+    self._validation.
 
     Returns:
       (a RunResult when best/ or the history could not be written, else
       None; '' or words on the evaluation for the result's message).
     """
-    self._validation = self._validation_state()
+    self._validation = self._validation_state(step)
     if step in self._validation.evaluated_steps:
       return None, ''
     logging.info('scoring %s: the run that saved it did not', latest)
@@ -344,8 +354,9 @@ class TrainingRun:
     return None, '; scored step %d, which the run that saved it did not: %s' % (
         step, validator.summary())
 
-  def _validation_state(self):
-    """The ValidationState read back from the logdir."""
+  def _validation_state(self, checkpoint_step):
+    """The ValidationState read back from the logdir, whose latest
+    checkpoint is of `checkpoint_step` (0: none)."""
     run_options = self.spec.run_options
     if self.spec.eval_data is None:
       raise config.ConfigError(
@@ -356,7 +367,9 @@ class TrainingRun:
     return validation_lib.load_state(
         run_options.train_logdir, run_options.best_metric, key,
         run_options.early_stopping_min_delta,
-        run_options.early_stopping_start_step)
+        run_options.early_stopping_start_step, checkpoint_step=checkpoint_step,
+        split=run_options.eval_split,
+        dataset_info=self.spec.eval_data.dataset_info)
 
   def _patience_used_up(self, start_step, latest):
     """The history already ends with `patience` evaluations without

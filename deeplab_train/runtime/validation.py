@@ -142,13 +142,30 @@ def read_history(logdir):
         continue
       try:
         record = json.loads(line)
-        int(record['step'])
+        _check_record(record)
       except (ValueError, KeyError, TypeError):
         logging.warning('%s:%d is not a metrics record; ignored', path,
                         number)
         continue
       records.append(record)
   return records
+
+
+def _is_number(value, or_none=True):
+  return ((value is None and or_none) or
+          (isinstance(value, (int, float)) and not isinstance(value, bool)))
+
+
+def _check_record(record):
+  """Raises ValueError unless `record` is an evaluation's record: an
+  integer step, numbers (or null) for the mIoU and each class's IoU."""
+  if (not isinstance(record, dict) or not isinstance(record.get('step'), int)
+      or isinstance(record['step'], bool) or not _is_number(
+          record.get(MIOU))
+      or not isinstance(record.get('per_class_iou', {}), dict)
+      or not all(_is_number(v)
+                 for v in record.get('per_class_iou', {}).values())):
+    raise ValueError('not a metrics record')
 
 
 def write_history(logdir, records):
@@ -158,15 +175,29 @@ def write_history(logdir, records):
 
 
 def read_best(logdir):
-  """best/best.json as a dict, or None."""
+  """best/best.json as a dict, or None (absent, or not what save_best
+  writes: the next evaluation replaces best/)."""
   path = os.path.join(best_dir(logdir), BEST_JSON)
+  why = 'cannot read %s (%s): the next evaluation replaces the best checkpoint'
   try:
-    return serialize.read_json_file(
-        path, 'cannot read %s (%s): the next evaluation replaces the best '
-        'checkpoint')
+    best = serialize.read_json_file(path, why)
   except config.ConfigError as e:
     logging.warning('%s', e)
     return None
+  if best is None:
+    return None
+  try:
+    if not (isinstance(best, dict) and isinstance(best.get('step'), int)
+            and isinstance(best.get('metric'), str)
+            and _is_number(best.get('value'), or_none=False)
+            and math.isfinite(best['value'])):
+      raise ValueError('no step, metric and finite value')
+    if best.get('record') is not None:
+      _check_record(best['record'])
+  except ValueError as e:
+    logging.warning(why, path, '%s: %s' % (e, json.dumps(best)[:200]))
+    return None
+  return best
 
 
 def _checkpoint_files(prefix):
@@ -257,12 +288,17 @@ class ValidationState:
     return bool(patience) and self.without_improvement >= patience
 
 
-def load_state(logdir, best_metric, key, min_delta, start_step=0):
+def load_state(logdir, best_metric, key, min_delta, start_step=0,
+               checkpoint_step=None, split=None, dataset_info=None):
   """The ValidationState of a (resumed) logdir.
 
-  A best.json of another metric is not compared with (the next evaluation
-  replaces best/); its record is put back into a history that lacks it
-  (a run killed between writing best/ and the history).
+  A best.json of another metric or split, or of a step past the logdir's
+  latest checkpoint, is not compared with (the next evaluation replaces
+  best/); its record is put back into a history that lacks it (a run
+  killed between writing best/ and the history). Evaluations of steps past
+  the latest checkpoint belong to a run whose checkpoints are gone: the
+  history file is moved aside and rewritten without them. Evaluations of
+  another split stay in the history but count for nothing.
 
   Args:
     logdir: the train logdir (the lock held).
@@ -270,27 +306,88 @@ def load_state(logdir, best_metric, key, min_delta, start_step=0):
     key: metric_key of it.
     min_delta: RunOptions.early_stopping_min_delta.
     start_step: RunOptions.early_stopping_start_step.
+    checkpoint_step: the step of the logdir's latest checkpoint (0 without
+      one), or None not to check.
+    split: RunOptions.eval_split, or None not to check.
+    dataset_info: the DatasetInfo scored, to tell 'iou/0' and 'iou/<its
+      name>' for one metric; None to compare the names as given.
   """
   recover_best_dir(logdir)
-  records = read_history(logdir)
+  records = _records_up_to(logdir, read_history(logdir), checkpoint_step)
   best = read_best(logdir)
   if best is not None:
     record = best.get('record')
     steps = {int(r['step']) for r in records}
-    if record and int(record.get('step', -1)) not in steps:
+    past = checkpoint_step is not None and best['step'] > checkpoint_step
+    if record and not past and int(record['step']) not in steps:
       records = sorted(records + [record], key=lambda r: int(r['step']))
       write_history(logdir, records)
       logging.warning('%s lacked the evaluation of step %s; restored from '
                       '%s', history_path(logdir), record['step'], BEST_JSON)
-    if best.get('metric') != best_metric:
-      logging.warning('best/ holds the best checkpoint by %s; this run '
-                      'keeps the best by %s, so its next evaluation '
-                      'replaces it', best.get('metric'), best_metric)
+    other = None
+    if past:
+      other = ('step %d, past the latest checkpoint of %s (step %d)'
+               % (best['step'], logdir, checkpoint_step))
+    elif not _same_metric(best['metric'], best_metric, key, dataset_info):
+      other = 'the best by %s, not %s' % (best['metric'], best_metric)
+    elif split is not None and (record or {}).get('split', split) != split:
+      other = 'the best on split %r, not %r' % (record['split'], split)
+    if other:
+      logging.warning('best/ holds %s: this run\'s next evaluation replaces '
+                      'it', other)
       best = None
   state = ValidationState([], best)
+  others = 0
   for record in records:
-    state.add(record, key, min_delta, start_step)
+    if split is not None and record.get('split', split) != split:
+      state.records.append(record)   # kept, not compared with
+      others += 1
+    else:
+      state.add(record, key, min_delta, start_step)
+  if others:
+    logging.warning('%s: %d evaluation(s) on another split than %r count '
+                    'neither for the best nor for early stopping',
+                    history_path(logdir), others, split)
   return state
+
+
+def _same_metric(stored, best_metric, key, dataset_info):
+  """Whether best.json's metric `stored` is `best_metric` (key: its
+  metric_key): 'iou/0' and 'iou/background' are one where class 0 is named
+  so."""
+  if stored == best_metric:
+    return True
+  if dataset_info is None or not stored.startswith(IOU_PREFIX):
+    return False
+  try:
+    return metric_key(stored, dataset_info) == key
+  except config.ConfigError:
+    return False
+
+
+def _records_up_to(logdir, records, checkpoint_step):
+  """`records` without those past `checkpoint_step`; when there are such,
+  the history file is moved aside (nothing is lost) and rewritten."""
+  if checkpoint_step is None:
+    return records
+  kept = [r for r in records if int(r['step']) <= checkpoint_step]
+  if len(kept) == len(records):
+    return records
+  path = history_path(logdir)
+  aside = base = '%s.until-step-%d' % (path, max(int(r['step'])
+                                                for r in records))
+  number = 1
+  while os.path.exists(aside):
+    number += 1
+    aside = '%s.%d' % (base, number)
+  os.replace(path, aside)
+  write_history(logdir, kept)
+  logging.warning(
+      '%s held evaluations of steps past the latest checkpoint of %s (step '
+      '%d), which a run whose checkpoints are gone left: moved to %s; the '
+      'history goes on from step %d', path, logdir, checkpoint_step, aside,
+      checkpoint_step)
+  return kept
 
 
 class Evaluator:
@@ -384,7 +481,8 @@ class Validator:
     Raises:
       ValidationNotSavedError: best/ or the history could not be written.
     """
-    record = self._evaluate(checkpoint, step)
+    record = dict(self._evaluate(checkpoint, step),
+                  split=self._options.eval_split)
     value = metric_value(record, self._key)
     if improves(value, self.state.best_value):
       best = {'step': step, 'metric': self._options.best_metric,
