@@ -203,13 +203,15 @@ def test_cron_summary_says_why_a_command_failed(tmp_path):
 
 
 # A trainer that stops on SIGTERM (once, after a short save) with its
-# result line, and else ends by itself after 20 s without one.
+# result line, and else ends by itself after 20 s without one. (Its loops
+# count in bash: a `$(seq ...)` that a signal to the group kills gave an
+# empty loop, and a 'ran out' at once.)
 _STUB_TRAINER = '''
 said='stopped at step 3 (signal:SIGTERM) with a final checkpoint'
 echo started > "$MARK"
 stop=0
 trap 'stop=$((stop + 1))' TERM
-for _ in $(seq 200); do
+for ((i = 0; i < 200; i++)); do
   sleep 0.1
   if ((stop)); then
     sleep 0.3
@@ -1119,7 +1121,7 @@ _FAKE_COMMAND = '''
 count=0
 trap 'count=$((count + 1)); echo "TERM $count" >> "$LOG"' TERM
 echo started >> "$LOG"
-for _ in $(seq 100); do
+for ((i = 0; i < 100; i++)); do
   sleep 0.1
   if ((count)); then break; fi
 done
