@@ -210,6 +210,32 @@ def remove_dead_pins(directory):
   return removed
 
 
+def carry_pins(directory, new_directory):
+  """Gives `new_directory`, about to replace `directory` whole
+  (atomic.replace_dir deletes the old one: the trainer's best/), copies of
+  the pins live readers hold in `directory`, hard links to the same files
+  under the same names: a pinned read goes on across the swap, and its
+  reader removes the copy when it ends as it would its pin. A pin that
+  cannot be copied (its reader just removed it) is skipped."""
+  remove_dead_pins(directory)
+  try:
+    entries = sorted(os.listdir(directory))
+  except OSError:
+    return
+  for entry in entries:
+    target = atomic.temp_target(entry)
+    if not (target and target.endswith(_PIN)):
+      continue
+    source = os.path.join(directory, entry)
+    copy = os.path.join(new_directory, entry)
+    try:
+      os.mkdir(copy)
+      for name in os.listdir(source):
+        os.link(os.path.join(source, name), os.path.join(copy, name))
+    except OSError:
+      shutil.rmtree(copy, ignore_errors=True)
+
+
 # What each file of a checkpoint adds to its prefix.
 _FILE_SUFFIX = re.compile(r'\.(index|meta|data-\d+-of-\d+)$')
 

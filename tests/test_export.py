@@ -581,6 +581,33 @@ def test_a_pinned_checkpoint_is_read_after_it_is_deleted(
         others + ['model.ckpt-7' + suffix for suffix in files])
 
 
+def test_a_pin_in_best_is_carried_across_the_trainers_swap(tiny_ckpt,
+                                                           tmp_path):
+  """deeplab-eval of best/ pinned its checkpoint inside best/, which the
+  trainer replaces whole at a new best: the pin was deleted with the old
+  folder, and the read failed as 'deleted while it was being read'."""
+  from deeplab_train.runtime import validation  # pylint: disable=g-import-not-at-top
+  logdir = str(tmp_path)
+  for step in (7, 9):
+    for suffix in ('.index', '.data-00000-of-00001'):
+      shutil.copyfile(tiny_ckpt + suffix,
+                      os.path.join(logdir, 'model.ckpt-%d' % step) + suffix)
+  best = lambda step: {'step': step, 'metric': 'miou', 'value': step / 10}
+  best_dir = validation.save_best(logdir, os.path.join(logdir, 'model.ckpt-7'),
+                                  best(7))
+  held = os.path.join(best_dir, 'model.ckpt-7')
+  with restore_lib.pinning():
+    assert restore_lib.hold(held) == held
+    validation.save_best(logdir, os.path.join(logdir, 'model.ckpt-9'),
+                         best(9))
+    assert not os.path.exists(held + '.index')
+    assert restore_lib.checkpoint_reader(held).has_tensor('global_step')
+  # The reader removed its pin's copy; nothing else is left in best/.
+  assert sorted(os.listdir(best_dir)) == [
+      'best.json', 'checkpoint', 'model.ckpt-9.data-00000-of-00001',
+      'model.ckpt-9.index']
+
+
 def test_files_deleted_under_a_reader_are_named_as_such(tiny_ckpt, tmp_path):
   copy = str(tmp_path / 'model.ckpt-7')
   for suffix in ('.index', '.data-00000-of-00001'):

@@ -52,6 +52,7 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train import atomic
 from deeplab_train import config
+from deeplab_train import restore as restore_lib
 from deeplab_train.config import serialize
 from deeplab_train.evaluation import confusion as confusion_lib
 from deeplab_train.evaluation import eval_loop
@@ -232,6 +233,9 @@ def save_best(logdir, checkpoint, best):
                                      all_model_checkpoint_paths=[name])
     with open(os.path.join(tmp, BEST_JSON), 'wb') as f:
       f.write(atomic.json_bytes(best))
+    # deeplab-eval, -vis or -export reading best/ holds its checkpoint by
+    # hard links in a pin folder inside it, which the swap would delete.
+    restore_lib.carry_pins(target, tmp)
   return target
 
 
