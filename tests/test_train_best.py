@@ -320,6 +320,23 @@ def test_an_evaluation_lost_on_the_rhythm_is_scored_when_training_goes_on(
   assert _best(logdir)['step'] == 2
 
 
+def test_a_validation_split_gone_while_training_keeps_the_checkpoint(
+    tmp_path, records, monkeypatch):
+  """Its result was 'bad_input' with "checkpoint": null, though the step's
+  checkpoint was written (cron_retrain.sh and scripts read that field)."""
+  logdir = tmp_path / 'log'
+
+  def gone(self, checkpoint, step):
+    raise config.ConfigError('split %r is gone' % 'val')
+  monkeypatch.setattr(validation.Evaluator, '__call__', gone)
+  code, result = _main(tt.tiny_cli_args(logdir, records, 4,
+                                        '--eval_interval_steps=2'))
+  assert (code, result['status'], result['global_step']) == (
+      2, 'bad_input', 2), result
+  assert result['checkpoint'] == str(logdir / 'model.ckpt-2'), result
+  assert result['message'] == "split 'val' is gone"
+
+
 @pytest.mark.slow
 def test_kill_9_then_resume_keeps_best_history_and_count(tmp_path, records):
   # The kill lands between the 2nd and the (patience + 1)th evaluation.

@@ -187,9 +187,9 @@ class TrainingRun:
     return RunResult(status, stop_reason, seconds=self.elapsed(),
                      detail=detail, **fields)
 
-  def stopped_now(self, status, reason, why=None):
-    """The result of a run ended at once (a second signal, or `why`), from
-    any thread: the last step done and the last checkpoint written."""
+  def _reached(self):
+    """(the last step done, the last checkpoint written) so far, from any
+    thread: the logdir's when the run began until it trains."""
     hooks, step = self._hooks_now, self._start_step
     checkpoint = self._start_checkpoint
     if hooks is not None:
@@ -197,6 +197,13 @@ class TrainingRun:
         step = hooks.progress.step
       if hooks.checkpoints is not None:
         checkpoint = hooks.checkpoints.last_checkpoint or checkpoint
+    return step, checkpoint
+
+  def stopped_now(self, status, reason, why=None):
+    """The result of a run ended at once (a second signal, or `why`), from
+    any thread: the last step done and the last checkpoint written."""
+    hooks = self._hooks_now
+    step, checkpoint = self._reached()
     loss = hooks.progress.loss if hooks is not None else None
     if self.role.decides_weights:
       resumes = ('training resumes from the last checkpoint (%s)'
@@ -232,7 +239,11 @@ class TrainingRun:
     except lock_lib.LogdirLockedError as e:
       return self._result('locked', 'locked', message=str(e))
     except config.ConfigError as e:
-      return self._result('bad_input', 'bad_input', detail=e)
+      # Found while training too (the validation split gone, a damaged
+      # record): the checkpoints written before are the run's.
+      step, checkpoint = self._reached()
+      return self._result('bad_input', 'bad_input', detail=e,
+                          global_step=step, checkpoint=checkpoint)
     finally:
       if handle_signals:
         self.signals.restore()
@@ -511,10 +522,12 @@ class TrainingRun:
             sess.run(g.train_op)
     except config.ConfigError as e:
       # A worker whose options differ from the chief's (also a chief
-      # restarted with other options while it trained): how far it got.
-      return self._result('bad_input', 'bad_input',
-                          global_step=hooks.progress.step,
-                          loss=hooks.progress.loss, detail=e)
+      # restarted with other options while it trained), the validation
+      # split gone or damaged: how far it got.
+      step, checkpoint = self._reached()
+      return self._result('bad_input', 'bad_input', global_step=step,
+                          loss=hooks.progress.loss, checkpoint=checkpoint,
+                          detail=e)
     except cluster_session.StoppedWhileWaiting:
       return self._result(
           'ok', self.stop.reason, global_step=None,
