@@ -167,6 +167,59 @@ def test_what_a_resumed_run_does_not_take_from_best_and_the_history(
   assert 'best/ holds step 2, past the latest checkpoint' in caplog.text
 
 
+def test_an_evaluation_that_would_end_past_the_time_budget_stops_the_run():
+  """An evaluation begun just before --max_run_seconds ran to its end, then
+  one more step was trained: the run ended seconds past its budget."""
+  from deeplab_train.runtime import hooks as hooks_lib  # pylint: disable=g-import-not-at-top
+  options = config.RunOptions(train_logdir='unused', eval_interval_steps=2,
+                              eval_split='val', max_run_seconds=100)
+
+  class Clock:
+    now = 0.
+
+  class Validator:
+    def __init__(self):
+      self.state = validation.ValidationState(
+          [{'step': 2, 'miou': 0.5, 'seconds': 30.0, 'per_class_iou': {}}],
+          None)
+      self.scored = []
+
+    def score(self, checkpoint, step):
+      self.scored.append(step)
+      Clock.now += 40.   # this evaluation takes 40 s
+
+  class Context:
+    stopped = False
+    session = None
+
+    def request_stop(self):
+      self.stopped = True
+
+  class Values:
+    def __init__(self, step):
+      self.results = step
+
+  def run(seconds_left, step=4):
+    stop = hooks_lib.StopState()
+    budget = hooks_lib.TimeBudgetHook(100, 0., stop)
+    budget.seconds_left = lambda: seconds_left - Clock.now
+    Clock.now = 0.
+    validator = Validator()
+    hook = validation.ValidationHook(options, validator,
+                                     lambda session, step: 'ckpt', None, None,
+                                     10, stop, budget)
+    context = Context()
+    hook.after_run(context, Values(step))
+    return validator.scored, context.stopped, stop.reason
+  # 20 s left, the last evaluation took 30: not started, the run stops.
+  assert run(20.) == ([], True, hooks_lib.TIME_BUDGET)
+  # 35 s left: started; it takes 40 and ends past the budget: stop now.
+  assert run(35.) == ([4], True, hooks_lib.TIME_BUDGET)
+  # 60 s left: evaluated, training goes on.
+  assert run(60.) == ([4], False, None)
+  assert run(60., step=3) == ([], False, None)   # not on the rhythm
+
+
 def test_early_stopping_starts_at_its_start_step(tmp_path):
   """Before the start step evaluations are history only: a flat start
   (batch norm averages still at their initial values) does not use up the

@@ -177,11 +177,17 @@ class TimeBudgetHook(tf.train.SessionRunHook):
     self._deadline = start_time + max_seconds
     self._state = stop_state
 
+  def seconds_left(self):
+    return self._deadline - time.time()
+
+  def stop(self, run_context, why='max_run_seconds reached'):
+    logging.info('%s: stopping with a checkpoint', why)
+    self._state.request(TIME_BUDGET)
+    run_context.request_stop()
+
   def after_run(self, run_context, run_values):
-    if time.time() >= self._deadline:
-      logging.info('max_run_seconds reached: stopping with a checkpoint')
-      self._state.request(TIME_BUDGET)
-      run_context.request_stop()
+    if self.seconds_left() <= 0:
+      self.stop(run_context)
 
 
 class EventsFile:

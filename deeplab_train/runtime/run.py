@@ -423,9 +423,11 @@ class TrainingRun:
                                                g.step_after),
                   progress, hooks_lib.LastStepHook(g.step_after, last_step),
                   self.signals]
+    budget = None
     if run_options.max_run_seconds:
-      hook_list.append(hooks_lib.TimeBudgetHook(run_options.max_run_seconds,
-                                                self.start, self.stop))
+      budget = hooks_lib.TimeBudgetHook(run_options.max_run_seconds,
+                                        self.start, self.stop)
+      hook_list.append(budget)
     if self.role.decides_weights:
       events = hooks_lib.EventsFile(
           run_options.train_logdir, g.graph,
@@ -437,7 +439,8 @@ class TrainingRun:
           save_steps=run_options.save_interval_steps, events=events)
       hook_list.append(checkpoints)
       if self._validation is not None:
-        validation = self._validation_hook(g, checkpoints, last_step, events)
+        validation = self._validation_hook(g, checkpoints, last_step, events,
+                                           budget)
         hook_list.append(validation)
       hook_list += self._chief_output_hooks(g, events)
     if self.cluster is not None:
@@ -457,11 +460,11 @@ class TrainingRun:
         validation_lib.metric_key(run_options.best_metric,
                                   spec.eval_data.dataset_info), events)
 
-  def _validation_hook(self, g, checkpoints, last_step, events):
+  def _validation_hook(self, g, checkpoints, last_step, events, budget):
     """Scores what `checkpoints` saves (so it comes after it)."""
     return validation_lib.ValidationHook(
         self.spec.run_options, self._validator(events), checkpoints.save_now,
-        g.global_step, g.step_after, last_step, self.stop)
+        g.global_step, g.step_after, last_step, self.stop, budget)
 
   def _chief_output_hooks(self, g, events):
     """Summaries and profiles: written by the one who writes checkpoints."""

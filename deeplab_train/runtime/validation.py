@@ -562,10 +562,14 @@ class ValidationHook(tf.train.SessionRunHook):
     global_step / step_after: the global step read, and after the update.
     last_step: the run's last step (reaching it is not an early stop).
     stop_state: the run's hooks.StopState.
+    time_budget: the run's hooks.TimeBudgetHook, or None. An evaluation
+      that the last one's duration says would end past it is not started:
+      the run stops there (the step is scored when the next run starts);
+      one that ended past it stops the run before another step.
   """
 
   def __init__(self, run_options, validator, save, global_step, step_after,
-               last_step, stop_state):
+               last_step, stop_state, time_budget=None):
     self._options = run_options
     self.validator = validator
     self._save = save
@@ -573,6 +577,7 @@ class ValidationHook(tf.train.SessionRunHook):
     self._step_after = step_after
     self._last_step = last_step
     self._stop = stop_state
+    self._budget = time_budget
 
   def before_run(self, run_context):
     return tf.train.SessionRunArgs(self._step_after)
@@ -581,7 +586,19 @@ class ValidationHook(tf.train.SessionRunHook):
     step = int(run_values.results)
     if step % self._options.eval_interval_steps or self._stopping_quickly():
       return
+    if self._budget is not None:
+      records = self.validator.state.records
+      needs = float(records[-1].get('seconds') or 0) if records else 0.
+      if needs >= self._budget.seconds_left():
+        self._budget.stop(run_context, 'max_run_seconds leaves less than an '
+                          'evaluation (%.1f s) for step %d, which the next '
+                          'run scores' % (needs, step))
+        return
     self._validate(run_context.session, step)
+    if self._budget is not None and self._budget.seconds_left() <= 0:
+      self._budget.stop(run_context, 'max_run_seconds reached during the '
+                        'evaluation of step %d' % step)
+      return
     state = self.validator.state
     if (state.patience_used_up(self._options.early_stopping_patience)
         and step < self._last_step):
