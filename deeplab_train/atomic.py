@@ -213,6 +213,16 @@ def _write_synced(path, writer):
     os.fsync(f.fileno())
 
 
+def sync_files(folder):
+  """Flushes the files of `folder` to disk (a folder filled by copies,
+  before it is renamed into place)."""
+  for name in os.listdir(folder):
+    path = os.path.join(folder, name)
+    if os.path.isfile(path) and not os.path.islink(path):
+      with open(path, 'rb') as f:
+        os.fsync(f.fileno())
+
+
 def write_temp(tmp, data):
   """Writes `data` (bytes) to the temp name `tmp`, flushed to disk, and
   leaves the rename to the caller (a build renames all its files together:

@@ -169,7 +169,8 @@ def test_what_a_resumed_run_does_not_take_from_best_and_the_history(
 
 def test_an_evaluation_that_would_end_past_the_time_budget_stops_the_run():
   """An evaluation begun just before --max_run_seconds ran to its end, then
-  one more step was trained: the run ended seconds past its budget."""
+  one more step was trained: the run ended seconds past its budget. So did
+  a SIGTERM that came during an evaluation."""
   from deeplab_train.runtime import hooks as hooks_lib  # pylint: disable=g-import-not-at-top
   options = config.RunOptions(train_logdir='unused', eval_interval_steps=2,
                               eval_split='val', max_run_seconds=100)
@@ -218,6 +219,19 @@ def test_an_evaluation_that_would_end_past_the_time_budget_stops_the_run():
   # 60 s left: evaluated, training goes on.
   assert run(60.) == ([4], False, None)
   assert run(60., step=3) == ([], False, None)   # not on the rhythm
+
+  # A SIGTERM during an evaluation: the run stops after it, not a step on.
+  class Signalled(Validator):
+    def score(self, checkpoint, step):
+      super().score(checkpoint, step)
+      stop.request(hooks_lib.SIGNAL_PREFIX + 'SIGTERM')
+  stop = hooks_lib.StopState()
+  hook = validation.ValidationHook(options, Signalled(),
+                                   lambda session, step: 'ckpt', None, None,
+                                   10, stop)
+  context = Context()
+  hook.after_run(context, Values(4))
+  assert context.stopped
 
 
 def test_early_stopping_starts_at_its_start_step(tmp_path):

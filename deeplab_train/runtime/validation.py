@@ -233,6 +233,9 @@ def save_best(logdir, checkpoint, best):
                                      all_model_checkpoint_paths=[name])
     with open(os.path.join(tmp, BEST_JSON), 'wb') as f:
       f.write(atomic.json_bytes(best))
+    # On disk before the swap, as every other write (a power cut after it
+    # must not leave a best/ of empty files).
+    atomic.sync_files(tmp)
     # deeplab-eval, -vis or -export reading best/ holds its checkpoint by
     # hard links in a pin folder inside it, which the swap would delete.
     restore_lib.carry_pins(target, tmp)
@@ -595,6 +598,10 @@ class ValidationHook(tf.train.SessionRunHook):
                           'run scores' % (needs, step))
         return
     self._validate(run_context.session, step)
+    if self._stopping_quickly():
+      # A signal came during the evaluation: no step after it.
+      run_context.request_stop()
+      return
     if self._budget is not None and self._budget.seconds_left() <= 0:
       self._budget.stop(run_context, 'max_run_seconds reached during the '
                         'evaluation of step %d' % step)
