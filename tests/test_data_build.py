@@ -455,6 +455,26 @@ def test_images_with_an_exif_orientation_are_named(tmp_path, caplog):
     build_voc(images, labels, lists, str(tmp_path / 'out2'), OPTIONS)
 
 
+def test_pillows_warnings_that_name_no_file_are_said_naming_it(
+    tmp_path, caplog, monkeypatch):
+  """A large image printed Pillow's 'could be decompression bomb DOS
+  attack' without its path; an EXIF orientation of 9 (none of EXIF's 1..8)
+  was reported as one that viewers apply."""
+  import warnings  # pylint: disable=g-import-not-at-top
+  pairs = common.tiny_pairs(37, 2, sizes=[(20, 20), (20, 28)])
+  images, labels, lists = voc(tmp_path, {'train': pairs})
+  odd = os.path.join(images, 'img_00.png')
+  _save_with_orientation(odd, pairs[0][1], 9)
+  monkeypatch.setattr(Image, 'MAX_IMAGE_PIXELS', 500)   # 560 > 500
+  with caplog.at_level('WARNING'), warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter('always')
+    build_voc(images, labels, lists, str(tmp_path / 'out'), OPTIONS)
+  assert [str(x.message) for x in w] == []
+  big = os.path.join(images, 'img_01.png')
+  assert '%s is 28x20 (0 megapixels): converted' % big in caplog.text
+  assert 'carry an EXIF orientation' not in caplog.text
+
+
 def test_unreadable_image_is_named_without_pillows_buffer(tmp_path):
   images, labels, lists = voc(tmp_path, {'train': common.tiny_pairs(14, 2)})
   with open(os.path.join(images, 'img_01.png'), 'wb') as f:

@@ -35,6 +35,7 @@ from deeplab_train.data import build_examples
 from deeplab_train.data import build_inputs
 from deeplab_train.data import build_options
 from deeplab_train.data import datasets
+from deeplab_train.data import pil_images
 from deeplab_train.data import stats
 from deeplab_train.data import tfrecord
 
@@ -285,6 +286,7 @@ def convert(splits_to_entries, output_dir, options):
     ConfigError / DataError: bad options or input files.
   """
   options.validate()
+  pil_images.quiet_unnamed_warnings()
   for split in splits_to_entries:
     why = build_inputs.split_name_problem(split)
     if why:

@@ -12,6 +12,7 @@ the split's statistics.
 """
 import dataclasses
 import io
+import logging
 import re
 from typing import Optional
 
@@ -30,7 +31,10 @@ _ID_MODES = ('P', 'L', '1', 'I', 'I;16', 'I;16B', 'I;16L')
 # The EXIF tag of the orientation viewers apply to a photo's pixels (1:
 # none; 2-8: mirrored and/or rotated; 5-8 swap width and height).
 EXIF_ORIENTATION = 0x0112
+_log = logging.getLogger(__name__)
+
 _SWAPPING_ORIENTATIONS = (5, 6, 7, 8)
+_ORIENTATIONS = range(1, 9)
 
 
 def read_image(path):
@@ -57,7 +61,12 @@ def read_image(path):
     with Image.open(io.BytesIO(data)) as im:
       im.load()
       fmt, mode, (width, height) = im.format, im.mode, im.size
+      note = pil_images.large_image_note(path, width, height)
+      if note:
+        _log.warning('%s', note)
       orientation = im.getexif().get(EXIF_ORIENTATION, 1)
+      if orientation not in _ORIENTATIONS:
+        orientation = 1   # not a value viewers apply (EXIF has 1 to 8)
       if fmt == 'JPEG' and mode in ('L', 'RGB'):
         return data, 'jpeg', height, width, orientation
       first = _first_picture(im, data) if fmt == 'MPO' else None

@@ -8,6 +8,8 @@ are scaled to 8 bits here instead (v / 257, the 16-bit full scale onto the
 `READ_ERRORS` are what opening a bad file raises, and `read_error_reason`
 says why in the user's terms.
 """
+import warnings
+
 import numpy as np
 from PIL import Image
 
@@ -27,6 +29,29 @@ def read_error_reason(error):
     return ('%s, which Pillow refuses as a possible decompression bomb: cut '
             'it into smaller images' % str(error).split(', could be')[0])
   return str(error)
+
+
+def quiet_unnamed_warnings():
+  """Silences Pillow's warnings that name no file, for a converter that
+  says the same naming it (`large_image_note`): 'could be decompression
+  bomb DOS attack' for an image over its pixel warning limit, which is read
+  anyway, and 'Corrupt EXIF data' for an EXIF block it cannot parse, whose
+  only tag read here (the orientation) is then taken as absent."""
+  warnings.filterwarnings('ignore', category=Image.DecompressionBombWarning)
+  warnings.filterwarnings('ignore', message='(Possibly c|C)orrupt EXIF',
+                          category=UserWarning)
+
+
+def large_image_note(path, width, height):
+  """A warning line for an image over Pillow's pixel warning limit, else
+  None."""
+  limit = Image.MAX_IMAGE_PIXELS
+  if limit is None or width * height <= limit:
+    return None
+  return ('%s is %dx%d (%.0f megapixels): converted, but evaluating or '
+          'visualising it whole needs several GB of memory; cut it into '
+          'tiles if that is too much' % (path, width, height,
+                                         width * height / 1e6))
 
 
 def to_rgb(im):
