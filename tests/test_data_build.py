@@ -173,10 +173,19 @@ def test_rebuild_with_fewer_shards_removes_the_old_ones(tmp_path):
   images, labels, lists = voc(tmp_path, {'train': common.tiny_pairs(6, 4)})
   out = str(tmp_path / 'out')
   build_voc(images, labels, lists, out,
-                  build.BuildOptions(num_classes=4, num_shards=3))
+            build.BuildOptions(num_classes=4, num_shards=3,
+                               dataset_name='tiny'))
   build_voc(images, labels, lists, out, OPTIONS)
   assert sorted(f for f in os.listdir(out) if f.endswith('.tfrecord')) == [
       'train-00000-of-00002.tfrecord', 'train-00001-of-00002.tfrecord']
+  # A split added without the dataset's name (the default, pascal_voc_seg)
+  # renamed the dataset and gave it the pascal palette, silently.
+  before = common.folder_contents(out)
+  with pytest.raises(ConfigError, match=(
+      "dataset.json is of dataset 'tiny' but this run uses "
+      'dataset_name=pascal_voc_seg; give dataset_name=tiny')):
+    build_voc(images, labels, lists, out, build.BuildOptions(num_classes=4))
+  assert common.folder_contents(out) == before
 
 
 @pytest.mark.parametrize('fault', ['bad_val_label', 'disk_full'])
@@ -185,7 +194,8 @@ def test_failed_rebuild_leaves_the_old_build_as_it_was(tmp_path, monkeypatch,
   good = voc(tmp_path / 'good', {'train': common.tiny_pairs(20, 4, prefix='tr'),
                                  'val': common.tiny_pairs(21, 2, prefix='va')})
   out = str(tmp_path / 'out')
-  build_voc(*good, out, build.BuildOptions(num_classes=4, num_shards=3))
+  build_voc(*good, out, build.BuildOptions(num_classes=4, num_shards=3,
+                                           dataset_name='tiny'))
   before = common.folder_contents(out)
   val = common.tiny_pairs(23, 2, prefix='va')
   if fault == 'bad_val_label':

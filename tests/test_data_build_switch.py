@@ -100,7 +100,8 @@ def test_a_build_killed_while_switching_is_refused_then_finished(
   new = voc(tmp_path / 'new', {'train': new_pairs,
                                'val': common.tiny_pairs(44, 2, prefix='v')})
   out = str(tmp_path / 'out')
-  build_voc(old, out, build.BuildOptions(num_classes=4, num_shards=3))
+  build_voc(old, out, build.BuildOptions(num_classes=4, num_shards=3,
+                                         dataset_name='tiny'))
   # The new build has 2 shards a split: killed after renaming its first,
   # the folder holds 1 new and 3 old train shards and the old dataset.json.
   _killed_after_renames(monkeypatch, 1)

@@ -247,6 +247,14 @@ def _check_existing(existing, options, path):
         'another {convert.output_dir} or delete the folder\'s TFRecords and '
         'dataset.json', path, existing.num_classes, existing.ignore_label,
         options.num_classes, options.ignore_label)
+  if existing.name != options.dataset_name:
+    # A split added without the name (the default, pascal_voc_seg) renamed
+    # the dataset and gave it another palette, keeping its class names.
+    raise ConfigError(
+        '%s is of dataset %r but this run uses {BuildOptions.dataset_name}=%s;'
+        ' give {BuildOptions.dataset_name}=%s to convert into it, or use '
+        'another {convert.output_dir}', path, existing.name,
+        options.dataset_name, existing.name)
 
 
 def dataset_info_for(options, split_sizes, existing=None, split_stats=None):
