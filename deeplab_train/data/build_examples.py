@@ -24,6 +24,8 @@ from deeplab_train.data import colormap as colormap_lib
 from deeplab_train.data import pil_images
 from deeplab_train.data import tfrecord
 
+_log = logging.getLogger(__name__)
+
 # PIL modes whose pixel values are the class ids themselves.
 _ID_MODES = ('P', 'L', '1', 'I', 'I;16', 'I;16B', 'I;16L')
 
@@ -31,8 +33,6 @@ _ID_MODES = ('P', 'L', '1', 'I', 'I;16', 'I;16B', 'I;16L')
 # The EXIF tag of the orientation viewers apply to a photo's pixels (1:
 # none; 2-8: mirrored and/or rotated; 5-8 swap width and height).
 EXIF_ORIENTATION = 0x0112
-_log = logging.getLogger(__name__)
-
 _SWAPPING_ORIENTATIONS = (5, 6, 7, 8)
 _ORIENTATIONS = range(1, 9)
 
