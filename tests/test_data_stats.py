@@ -254,6 +254,9 @@ def test_records_of_a_dataset_the_original_was_taught_by_hand(tmp_path):
     (['--dataset_dir=/r', '--model_variant=xception_65', '--master=grpc://h:1'],
      '--master is not a deeplab-stats flag'),
     (['--quantize_delay_step=0'], 'remove --quantize_delay_step'),
+    # Counted train and val as one, and recorded a split '*'.
+    (['--split=*', '--write_dataset_json'],
+     '--split=*: a split name starts the names of its files'),
 ])
 def test_bad_dir_or_split_exit_2_with_one_line(built, capsys, args, message):
   out, _ = built

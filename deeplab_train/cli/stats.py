@@ -42,6 +42,7 @@ from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
 from deeplab_train.config import ConfigError
+from deeplab_train.data import build_inputs
 from deeplab_train.data import datasets
 from deeplab_train.data import stats
 # Library modules that load TensorFlow (seconds) are imported by the
@@ -115,6 +116,11 @@ def options_from_flags():
   _refuse_other_commands_flags()
   common_flags.require(FLAGS.dataset_dir, 'dataset_dir',
                        ': the folder of the TFRecords')
+  # A pattern (train*) counted several splits as one, and with
+  # --write_dataset_json recorded a split named so.
+  why = build_inputs.split_name_problem(FLAGS.split)
+  if why:
+    raise ConfigError('--split=%s: %s', FLAGS.split, why)
   from deeplab_train.data import pipeline  # pylint: disable=g-import-not-at-top
   listed = _listed(FLAGS.dataset_dir, FLAGS.split)
   files = pipeline.split_files(FLAGS.dataset_dir, FLAGS.split)
