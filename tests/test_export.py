@@ -606,6 +606,16 @@ def test_a_pin_in_best_is_carried_across_the_trainers_swap(tiny_ckpt,
   assert sorted(os.listdir(best_dir)) == [
       'best.json', 'checkpoint', 'model.ckpt-9.data-00000-of-00001',
       'model.ckpt-9.index']
+  # best/ as a link to another disk stays a link: it was replaced by a
+  # folder, and the old model stayed where it pointed.
+  elsewhere = tmp_path / 'other_disk' / 'best'
+  os.makedirs(str(elsewhere.parent))
+  os.rename(best_dir, str(elsewhere))
+  os.symlink(str(elsewhere), best_dir)
+  validation.save_best(logdir, os.path.join(logdir, 'model.ckpt-7'), best(7))
+  assert os.path.islink(best_dir)
+  assert 'model.ckpt-7.index' in os.listdir(str(elsewhere))
+  assert 'model.ckpt-9.index' not in os.listdir(str(elsewhere))
 
 
 def test_files_deleted_under_a_reader_are_named_as_such(tiny_ckpt, tmp_path):

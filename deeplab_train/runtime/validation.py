@@ -217,9 +217,11 @@ def save_best(logdir, checkpoint, best):
     best: the best.json payload.
 
   Returns:
-    The best/ folder.
+    The best/ folder (where a link best/ points).
   """
-  target = best_dir(logdir)
+  # best/ as a link to another disk: the folder it names is replaced (the
+  # link itself was, by a folder in the logdir, the old model left there).
+  target = os.path.realpath(best_dir(logdir))
   with atomic.writing_dir(target) as tmp:
     os.makedirs(tmp)
     for path in _checkpoint_files(checkpoint):
