@@ -181,3 +181,30 @@ def test_a_second_signal_does_not_break_into_the_cleanup(capsys):
   assert (code, cleaned) == (143, [True])
   assert json.loads(out.splitlines()[-1])['status'] == 'terminated'
   assert 'Traceback' not in err
+
+
+def test_a_signal_just_after_the_handler_is_set_is_kept():
+  """install() set the handlers, then the wake-up descriptor: a SIGTERM in
+  between showed as caught (a test sent it then) and was lost, and the run
+  trained to its end."""
+  code = textwrap.dedent('''
+      import os, signal, time
+      from deeplab_train.cli import signals
+      real = signal.signal
+      def set_then_signalled(sig, handler):
+        previous = real(sig, handler)
+        if sig == signal.SIGTERM:
+          os.kill(os.getpid(), signal.SIGTERM)
+        return previous
+      signal.signal = set_then_signalled
+      process = signals.ProcessSignals()
+      process.install()
+      signal.signal = real
+      deadline = time.time() + 10
+      while process.pending is None and time.time() < deadline:
+        time.sleep(0.01)
+      print(process.pending)
+      ''')
+  result = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                          text=True, timeout=60)
+  assert result.stdout.strip() == 'SIGTERM', result.stderr

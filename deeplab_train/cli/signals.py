@@ -77,11 +77,13 @@ class ProcessSignals:
     reader.setblocking(True)
     writer.setblocking(False)
     self._reader = reader
-    for sig in SIGNALS:
-      signal.signal(sig, _ignore_in_python)
     # The C-level handler writes each signal number to `writer` at once.
+    # Set before the handlers: a signal caught between the two was lost
+    # (the process already showed it as caught, and ran on to the end).
     signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
     self._writer = writer
+    for sig in SIGNALS:
+      signal.signal(sig, _ignore_in_python)
     thread = threading.Thread(target=self._watch, name='signals',
                               daemon=True)
     thread.start()
