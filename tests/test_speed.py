@@ -592,6 +592,10 @@ def test_bench_command_prints_table_and_json(tmp_path):
   assert 0 <= result['input_wait_fraction'] <= 1
   assert np.isfinite(result['last_loss'])
   assert 'share of fp32 peak' in proc.stdout
+  # A tiny model's count read '0.0 GFLOP'.
+  assert ('FLOPs / step  %.4g GFLOP' % result['gflop_per_step']).split() == [
+      w for l in proc.stdout.splitlines() if l.startswith('FLOPs / step')
+      for w in l.split()]
   written = (tmp_path / 'bench.json').read_text().splitlines()
   assert [json.loads(l) for l in written] == lines[0]['results']
 

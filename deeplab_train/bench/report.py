@@ -16,7 +16,7 @@ _TABLE_ROWS = (
     ('training', 'train_images_per_sec', '%.3f img/s'),
     ('step', 'seconds_per_step', '%.3f s'),
     ('first step', 'first_step_seconds', '%.1f s'),
-    ('FLOPs / step', 'gflop_per_step', '%.1f GFLOP'),
+    ('FLOPs / step', 'gflop_per_step', '%.4g GFLOP'),
     ('achieved', 'achieved_gflops', '%.1f GFLOP/s'),
     ('fp32 matmul peak', 'peak_gflops', '%.1f GFLOP/s'),
     ('bf16 matmul peak', 'peak_bf16_gflops', '%.1f GFLOP/s'),
