@@ -135,6 +135,8 @@ def test_what_a_resumed_run_does_not_take_from_best_and_the_history(
   # A history line of the wrong types is skipped, not a TypeError later.
   with open(validation.history_path(logdir), 'a') as f:
     f.write('{"step": 5, "miou": "x"}\n')
+    # (The time budget reads the last evaluation's seconds.)
+    f.write('{"step": 6, "miou": 0.5, "seconds": "x"}\n')
   assert [r['step'] for r in validation.read_history(logdir)] == [2, 4]
 
   write_best(json.dumps({'step': 2, 'metric': 'iou/0', 'value': 0.5,
@@ -163,7 +165,7 @@ def test_what_a_resumed_run_does_not_take_from_best_and_the_history(
   assert _history(logdir) == []
   aside = validation.history_path(logdir) + '.until-step-4'
   # As it was, its skipped line too: nothing is lost.
-  assert [json.loads(l)['step'] for l in open(aside)] == [2, 4, 5]
+  assert [json.loads(l)['step'] for l in open(aside)] == [2, 4, 5, 6]
   assert 'best/ holds step 2, past the latest checkpoint' in caplog.text
 
 

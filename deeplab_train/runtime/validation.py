@@ -152,20 +152,25 @@ def read_history(logdir):
   return records
 
 
+def _is_int(value):
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _is_number(value, or_none=True):
-  return ((value is None and or_none) or
-          (isinstance(value, (int, float)) and not isinstance(value, bool)))
+  return ((value is None and or_none) or _is_int(value)
+          or isinstance(value, float))
 
 
 def _check_record(record):
   """Raises ValueError unless `record` is an evaluation's record: an
-  integer step, numbers (or null) for the mIoU and each class's IoU."""
-  if (not isinstance(record, dict) or not isinstance(record.get('step'), int)
-      or isinstance(record['step'], bool) or not _is_number(
-          record.get(MIOU))
-      or not isinstance(record.get('per_class_iou', {}), dict)
-      or not all(_is_number(v)
-                 for v in record.get('per_class_iou', {}).values())):
+  integer step, numbers (or null) for the mIoU, each class's IoU and the
+  seconds it took."""
+  ious = record.get('per_class_iou', {}) if isinstance(record, dict) else None
+  if not (isinstance(record, dict) and _is_int(record.get('step'))
+          and _is_number(record.get(MIOU))
+          and _is_number(record.get('seconds'))
+          and isinstance(ious, dict)
+          and all(_is_number(v) for v in ious.values())):
     raise ValueError('not a metrics record')
 
 
@@ -188,7 +193,7 @@ def read_best(logdir):
   if best is None:
     return None
   try:
-    if not (isinstance(best, dict) and isinstance(best.get('step'), int)
+    if not (isinstance(best, dict) and _is_int(best.get('step'))
             and isinstance(best.get('metric'), str)
             and _is_number(best.get('value'), or_none=False)
             and math.isfinite(best['value'])):
