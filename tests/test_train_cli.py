@@ -59,6 +59,11 @@ def _args(tmp_path, records, *extra):
      '--learning_rate_decay_step must be >= 1'),
     (['--tf_initial_checkpoint=/nonexistent/model.ckpt'],
      'no checkpoint there'),
+    # The original's way to join a cluster (task 0): the session waited for
+    # a server for ever, and a first SIGTERM did not end it.
+    (['--master=grpc://127.0.0.1:1'],
+     '--master=grpc://127.0.0.1:1: deeplab-train joins a cluster by its '
+     'hosts, not by --master: give --ps_hosts'),
 ])
 def test_bad_flags_exit_2_with_a_message(tmp_path, records, extra, message):
   code, result = _main(_args(tmp_path, records, *extra))

@@ -261,6 +261,15 @@ def options_from_flags():
     raise config.ConfigError(
         '--master cannot be combined with a cluster (--ps_hosts/'
         '--worker_hosts or TF_CONFIG): the cluster names the servers')
+  if FLAGS.master:
+    # The original's way to join a cluster: with no server there, the
+    # session waited for ever (and a first SIGTERM did not end it).
+    raise config.ConfigError(
+        '--master=%s: deeplab-train joins a cluster by its hosts, not by '
+        '--master: give --ps_hosts, --worker_hosts, --job_name and --task '
+        '(or TF_CONFIG) instead, the same on every task (see '
+        'docs/distributed.md); without them it trains on this machine',
+        FLAGS.master)
   common_flags.require(FLAGS.train_logdir, 'train_logdir',
                        ': the folder for checkpoints and summaries')
   output_paths.check_output_folder('train_logdir', FLAGS.train_logdir)
