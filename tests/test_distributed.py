@@ -1078,3 +1078,22 @@ def test_launch_script_is_shellcheck_clean(repo_dir):
   proc = subprocess.run(['shellcheck', '-x', str(script)], capture_output=True,
                         text=True, cwd=str(repo_dir))
   assert proc.returncode == 0, proc.stdout
+
+
+def test_a_synchronous_worker_leaves_the_time_budget_to_the_chief():
+  """Every task given the same --max_run_seconds (the docs' 'same
+  command'): worker 1 stopped on its budget first, and the chief's step
+  waited for its gradients for ever, past its own budget, with no final
+  checkpoint written."""
+  import types  # pylint: disable=g-import-not-at-top
+  from deeplab_train.runtime import run as run_lib  # pylint: disable=g-import-not-at-top
+  spec = types.SimpleNamespace(run_options=types.SimpleNamespace(
+      max_run_seconds=45))
+  keeps = lambda is_chief, sync: run_lib.TrainingRun(
+      spec, types.SimpleNamespace(is_chief=is_chief, sync_replicas=sync)
+  )._keeps_its_own_budget()
+  assert not keeps(is_chief=False, sync=True)
+  assert keeps(is_chief=True, sync=True)
+  # Asynchronous: each worker stops on its own (docs/distributed.md).
+  assert keeps(is_chief=False, sync=False)
+  assert run_lib.TrainingRun(spec)._keeps_its_own_budget()

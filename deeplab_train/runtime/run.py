@@ -424,7 +424,7 @@ class TrainingRun:
                   progress, hooks_lib.LastStepHook(g.step_after, last_step),
                   self.signals]
     budget = None
-    if run_options.max_run_seconds:
+    if run_options.max_run_seconds and self._keeps_its_own_budget():
       budget = hooks_lib.TimeBudgetHook(run_options.max_run_seconds,
                                         self.start, self.stop)
       hook_list.append(budget)
@@ -447,6 +447,19 @@ class TrainingRun:
       hook_list += cluster_lib.optimizer_hooks(g.optimizer, self.cluster,
                                                g.global_step, last_step)
     return _Hooks(hook_list, progress, checkpoints, join, validation, events)
+
+  def _keeps_its_own_budget(self):
+    """Whether --max_run_seconds ends this task. Not for a worker of a
+    synchronous run: the chief's ends the run and releases it. Given the
+    same budget (every task runs the same command), a worker that stopped
+    first left the chief's step waiting for its gradients for ever, past
+    the chief's own budget, without a final checkpoint."""
+    if self.role is not Role.WORKER or not self.cluster.sync_replicas:
+      return True
+    logging.info('--max_run_seconds=%g is the chief\'s in a synchronous run: '
+                 'this worker stops when the chief does',
+                 self.spec.run_options.max_run_seconds)
+    return False
 
   def _validator(self, events):
     """The Validator of the run's validation state."""
