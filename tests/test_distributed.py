@@ -178,6 +178,23 @@ def test_tf_config_without_chief_makes_worker_zero_the_chief():
   assert c.worker_hosts == WORKERS
 
 
+def test_task_flags_beside_tf_config_must_name_its_task():
+  """--task=1 beside TF_CONFIG's chief was ignored (the process ran as the
+  chief); --job_name and --task naming its own task are accepted."""
+  with pytest.raises(config.ConfigError, match=(
+      r'job_name=\(not given\) task=1 but TF_CONFIG says this is worker '
+      r'task 0; give one of them')):
+    cluster_spec.resolve(config.ClusterOptions(task=1),
+                         _tf_config('chief', 0))
+  with pytest.raises(config.ConfigError, match='job_name=ps task=0 but'):
+    cluster_spec.resolve(config.ClusterOptions(job_name='ps'),
+                         _tf_config('chief', 0))
+  worker = cluster_spec.resolve(
+      config.ClusterOptions(job_name='worker', task=1),
+      _tf_config('worker', 0))
+  assert (worker.job_name, worker.task) == ('worker', 1)
+
+
 def test_tf_config_without_cluster_is_a_single_machine_run():
   assert cluster_spec.resolve(config.ClusterOptions(), '{}') is None
   assert cluster_spec.resolve(config.ClusterOptions(),

@@ -301,8 +301,13 @@ def resolve(options, tf_config=None):
       or num_ps_tasks contradicting the hosts, ...
   """
   options.validate()
-  from_flags = _from_flags(options)
   from_env = parse_tf_config(tf_config)
+  if from_env and not (options.ps_hosts or options.worker_hosts):
+    # The task's flags beside TF_CONFIG's cluster: --task=1 was ignored.
+    _check_task_flags(options, from_env)
+    from_flags = None
+  else:
+    from_flags = _from_flags(options)
   if from_flags and from_env and from_flags != from_env:
     raise ConfigError(
         'the cluster flags and %s disagree: flags say %s, %s says %s; give '
@@ -327,6 +332,19 @@ def resolve(options, tf_config=None):
                  sync_replicas=options.sync_replicas,
                  startup_delay_steps=options.startup_delay_steps,
                  source=source)
+
+
+def _check_task_flags(options, from_env):
+  """Raises ConfigError when --job_name or --task (given without hosts)
+  names another task than TF_CONFIG's."""
+  _, _, job, task = from_env
+  if ((options.job_name and options.job_name != job)
+      or options.task not in (0, task)):
+    raise ConfigError(
+        '{ClusterOptions.job_name}=%s {ClusterOptions.task}=%d but %s says '
+        'this is %s task %d; give one of them (or make them equal)'
+        % (options.job_name or '(not given)', options.task, TF_CONFIG, job,
+           task))
 
 
 def _show(described):
