@@ -659,7 +659,8 @@ class TrainingRun:
     return self._result('ok', 'chief_stopped', global_step=step,
                         loss=progress.loss,
                         message='the chief ended the run; this worker '
-                        'stopped at step %s' % step)
+                        + ('stopped at step %d' % step if step is not None
+                           else 'had trained no step'))
 
 
 # TensorFlow's words for a variable that a restored checkpoint lacks.
