@@ -281,6 +281,17 @@ def test_a_port_in_use_is_named_with_the_task_option():
       'is the port in use, maybe by another task started with the same '
       'task?')
   assert app.user_message(error.value).endswith('the same --task?')
+  # Given by TF_CONFIG, the message named a flag that was not used.
+  from_env = cluster_spec.resolve(config.ClusterOptions(), json.dumps({
+      'cluster': {'worker': [address, WORKERS[1]], 'ps': list(PS)},
+      'task': {'type': 'worker', 'index': 0}}))
+  with socket.socket() as taken:
+    taken.bind(('127.0.0.1', int(address.rsplit(':', 1)[1])))
+    taken.listen(1)
+    with pytest.raises(config.ConfigError) as error:
+      cluster_lib.start_server(from_env)
+  assert app.user_message(error.value).endswith(
+      'started with the same task in TF_CONFIG?')
 
 # ---------------------------------------------------------------------------
 # Device placement of the training graph (no server needed).

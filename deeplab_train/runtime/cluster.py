@@ -68,9 +68,11 @@ def start_server(cluster, config=None):
                              task_index=cluster.task, config=config,
                              start=True)
   except (tf.errors.UnknownError, tf.errors.InvalidArgumentError) as e:
+    given_by = ('{ClusterOptions.task}' if cluster.source == 'flags'
+                else 'task in %s' % cluster.source)
     raise ConfigError(
         'cannot start the %s task %d server on %s (%s): is the port in use, '
-        'maybe by another task started with the same {ClusterOptions.task}?',
+        'maybe by another task started with the same ' + given_by + '?',
         cluster.job_name, cluster.task, cluster.address,
         e.message.strip().splitlines()[0]) from None
   logging.info('Started %s; server %s', cluster.describe(), server.target)
