@@ -656,6 +656,15 @@ def test_bad_options_name_the_field():
                               'BuildOptions.num_classes')
   with pytest.raises(ConfigError, match='^colormap=nope'):
     build.BuildOptions(colormap='nope').validate()
+  # eval_result.json keeps results by class name: one of the two was lost.
+  with pytest.raises(ConfigError, match='^class_names names car more than '
+                                        'once'):
+    build.BuildOptions(num_classes=3,
+                       class_names=('car', 'bike', 'car')).validate()
+  with pytest.raises(ConfigError, match='names car more than once'):
+    datasets.DatasetInfo(name='d', num_classes=2, ignore_label=255,
+                         splits_to_sizes={},
+                         class_names=('car', 'car')).validate()
 
 
 def test_error_values_are_never_read_as_field_references(tmp_path):

@@ -77,6 +77,11 @@ class BuildOptions:
       raise ConfigError('{BuildOptions.class_names} has %d names but '
                         '{BuildOptions.num_classes}=%d',
                         len(self.class_names), self.num_classes)
+    repeated = datasets.repeated_names(self.class_names)
+    if repeated:
+      # The results by class name (eval_result.json) kept one of each.
+      raise ConfigError('{BuildOptions.class_names} names %s more than once: '
+                        'give every class its own name', ', '.join(repeated))
     if self.colormap is not None and (
         self.colormap not in colormap_lib.known_colormaps()):
       raise ConfigError('{BuildOptions.colormap}=%s is unknown; use one of '

@@ -150,6 +150,11 @@ class DatasetInfo:
         len(self.class_names) != self.num_classes):
       raise ConfigError('%s: %d class_names for num_classes=%d'
                         % (source, len(self.class_names), self.num_classes))
+    repeated = repeated_names(self.class_names)
+    if repeated:
+      raise ConfigError('%s: class_names names %s more than once (results '
+                        'are kept by class name): give every class its own '
+                        'name' % (source, ', '.join(repeated)))
     try:
       colormap_lib.as_colormap(self.display_palette())
     except ValueError as e:
@@ -265,6 +270,16 @@ BUILTIN_DATASETS = {
         splits_to_sizes={'train': 20210, 'val': 2000},
         class_names=ADE20K_CLASSES, palette='ade20k'),
 }
+
+
+def repeated_names(names):
+  """The names `names` (or None) holds more than once, in order."""
+  seen, repeated = set(), []
+  for name in names or ():
+    if name in seen and name not in repeated:
+      repeated.append(name)
+    seen.add(name)
+  return repeated
 
 
 def read_dataset_json(dataset_dir):
