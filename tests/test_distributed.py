@@ -1125,3 +1125,35 @@ def test_a_synchronous_worker_leaves_the_time_budget_to_the_chief():
   # Asynchronous: each worker stops on its own (docs/distributed.md).
   assert keeps(is_chief=False, sync=False)
   assert run_lib.TrainingRun(spec)._keeps_its_own_budget()
+
+
+def test_a_worker_joins_a_finished_run_whose_chief_has_stopped():
+  """A worker (re)started more than 15 s after the chief finished waited
+  'for the chief of this run' until SIGTERM (or 2 h), where the docs say it
+  stops at once with nothing_to_do: it took only a live chief's model."""
+  polls = []
+
+  class Options:
+    def chief(self, session):
+      polls.append(1)
+      return 'the same options', 100.0   # a heartbeat 100 s old
+
+    def differences(self, text):
+      return []
+
+  def waits(finished):
+    del polls[:]
+    creator = cluster_session._WorkerSessionCreator(  # pylint: disable=protected-access
+        None, '', None, Options(), 1, max_wait_secs=60,
+        recovery_wait_secs=0.01, finished=finished,
+        should_stop=lambda: len(polls) > 5)
+    creator._not_ready = lambda session: []  # pylint: disable=protected-access
+    try:
+      creator._wait(None)  # pylint: disable=protected-access
+    except cluster_session.StoppedWhileWaiting:
+      return 'waited'
+    return 'joined'
+  assert waits(lambda session: True) == 'joined'
+  # A run a chief stopped early: the next chief is waited for.
+  assert waits(lambda session: False) == 'waited'
+  assert waits(None) == 'waited'

@@ -211,8 +211,9 @@ class _WorkerSessionCreator(tf.train.SessionCreator):
 
   def __init__(self, scaffold, master, config, options, task,
                max_wait_secs, recovery_wait_secs, stale_secs=STALE_SECS,
-               reached=None, should_stop=None):
+               reached=None, should_stop=None, finished=None):
     self._scaffold = scaffold
+    self._finished = finished
     self._master = master
     self._config = config
     self._options = options
@@ -257,9 +258,11 @@ class _WorkerSessionCreator(tf.train.SessionCreator):
       live = age is not None and age < self._stale_secs
       differences = self._options.differences(text) if text else []
       missing = ()
-      if live and not differences:
+      if text and not differences and (live or self._finished is not None):
         missing = self._not_ready(session)
-        if not len(missing):  # pylint: disable=g-explicit-length-test
+        ready = not len(missing)  # pylint: disable=g-explicit-length-test
+        # A stopped chief's model: only a finished run's is joined.
+        if ready and (live or self._finished(session)):
           return
       now = time.time()
       if not (live and differences):
@@ -381,7 +384,7 @@ def session_creator(cluster, scaffold, master, config, checkpoint_dir,
                     options, max_wait_secs=7200,
                     recovery_wait_secs=RECOVERY_WAIT_SECS,
                     heartbeat_secs=HEARTBEAT_SECS, stale_secs=STALE_SECS,
-                    waits=None, should_stop=None):
+                    waits=None, should_stop=None, finished=None):
   """The session creator of a worker (use in tf.train.MonitoredSession).
 
   The chief restores the last checkpoint of `checkpoint_dir` (or initialises
@@ -405,6 +408,10 @@ def session_creator(cluster, scaffold, master, config, checkpoint_dir,
       `ps_reached` once the ps answered.
     should_stop: fn() -> true when the run is asked to stop: a non-chief
       still waiting then raises StoppedWhileWaiting.
+    finished: fn(session) -> whether the run the ps hold is at its last
+      step, or None: a non-chief then takes the model a stopped chief left
+      with options equal to its own (its JoinHook ends it: nothing to do)
+      rather than wait for a chief that will not come.
   """
   if cluster.is_chief:
     return _ChiefSessionCreator(
@@ -414,4 +421,4 @@ def session_creator(cluster, scaffold, master, config, checkpoint_dir,
       scaffold, master, config, options, cluster.task, max_wait_secs,
       recovery_wait_secs, stale_secs,
       reached=waits.ps_reached if waits is not None else None,
-      should_stop=should_stop)
+      should_stop=should_stop, finished=finished)

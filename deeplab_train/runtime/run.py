@@ -493,10 +493,11 @@ class TrainingRun:
           save_steps=PROFILE_STEPS, output_dir=run_options.profile_logdir))
     return out
 
-  def _open_session(self, g, hooks, waits=None):
+  def _open_session(self, g, hooks, waits=None, last_step=None):
     """The MonitoredSession of a single-machine run or of a cluster task;
     `waits` (the hook of cluster_session.noticing_waits), if any, comes
-    first."""
+    first. A non-chief worker given `last_step` joins a run the ps hold at
+    that step without a live chief (it then stops: nothing to do)."""
     hook_list = ([waits] if waits is not None else []) + hooks
     session_config = (self.spec.session_config or
                       default_session_config(self.spec.train_options))
@@ -515,7 +516,9 @@ class TrainingRun:
         self.cluster, g.scaffold, self.master,
         cluster_session.session_config(self.cluster, session_config), logdir,
         options, waits=waits,
-        should_stop=lambda: self.stop.reason is not None)
+        should_stop=lambda: self.stop.reason is not None,
+        finished=(None if last_step is None else
+                  lambda session: session.run(g.global_step) >= last_step))
     if not self.role.decides_weights:
       hook_list.append(cluster_session.ChiefOptionsHook(options,
                                                         self.cluster.task))
@@ -531,7 +534,7 @@ class TrainingRun:
     try:
       with g.graph.as_default():
         with cluster_session.noticing_waits(self.cluster) as waits:
-          session = self._open_session(g, hooks.all, waits)
+          session = self._open_session(g, hooks.all, waits, last_step)
         with session as sess:
           self._save_run_config()
           while not sess.should_stop():
