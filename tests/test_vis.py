@@ -230,6 +230,19 @@ def test_resize_nearest_matches_tensorflow():
   assert vis.output_stem('dir/x y.JPG') == 'x_y'
 
 
+def test_every_image_gets_its_own_output_names():
+  """a.png was drawn as a_2, then overwritten by a_2.png's outputs; a
+  244-byte name's outputs failed with 'File name too long' (exit 1)."""
+  unique = vis._UniqueStems()  # pylint: disable=protected-access
+  stems = [unique(n) for n in ('a.jpg', 'a.png', 'a_2.png', 'a_2.jpg')]
+  assert stems == ['a', 'a_2', 'a_2_2', 'a_2_3']
+  long_name = '\u5199\u771f' * 40 + '.jpg'   # 240 bytes of UTF-8 and .jpg
+  stem = vis.output_stem(long_name)
+  assert len(stem.encode('utf-8')) <= 150 and long_name.startswith(stem)
+  # Cut at a character, not inside one.
+  assert vis.output_stem('\u00e9' * 200 + '.png') == '\u00e9' * 75
+
+
 def test_missing_image_dir_is_bad_input(tiny, tmp_path, capsys):
   code = et.run_cli(vis_cli, ['--checkpoint_dir=' + tiny['train'],
                               '--image_dir=%s/none' % tmp_path,

@@ -97,27 +97,44 @@ def overlay(image, colored, alpha=0.5):
   return np.concatenate([image, colored, blend], axis=1)
 
 
+# Bytes of a stem at most: its longest output name ('_prediction.png', a
+# '_N' of a repeat) and that name's hidden temp ('.NAME.tmp-PID@HOST', a
+# host name of up to 64 bytes) stay within the 255 bytes of a file name.
+_MAX_STEM_BYTES = 150
+
+
 def output_stem(name):
-  """A file-name-safe stem for an image name ('dir/a.jpg' -> 'a')."""
+  """A file-name-safe stem for an image name ('dir/a.jpg' -> 'a'), cut to
+  _MAX_STEM_BYTES (a long name's outputs were 'File name too long')."""
   stem = os.path.basename(str(name))
   root, ext = os.path.splitext(stem)
   if ext.lower() in IMAGE_EXTENSIONS:
     stem = root
   stem = re.sub(r'[^\w.\-]+', '_', stem).strip('.')
+  stem = stem.encode('utf-8', 'surrogateescape')[:_MAX_STEM_BYTES].decode(
+      'utf-8', 'ignore')
   return stem or 'image'
 
 
 class _UniqueStems:
-  """Makes stems unique (a_2, a_3, ...) when two images share a name."""
+  """Gives every image a stem no other image of the run has (a, a_2,
+  a_3, ...): a.png drawn as a_2 was overwritten by a_2.png's outputs. A
+  stem other than the image's own is logged."""
 
   def __init__(self):
-    self._seen = {}
+    self._used = set()
 
   def __call__(self, name):
-    stem = output_stem(name)
-    count = self._seen.get(stem, 0) + 1
-    self._seen[stem] = count
-    return stem if count == 1 else '%s_%d' % (stem, count)
+    stem = wanted = output_stem(name)
+    count = 1
+    while stem in self._used:
+      count += 1
+      stem = '%s_%d' % (wanted, count)
+    self._used.add(stem)
+    if count > 1:
+      _log.info('%s is drawn as %s_*.png: another image has that name',
+                name, stem)
+    return stem
 
 
 def iterate_image_dir(image_dir, preprocess_options, mean_pixel,
