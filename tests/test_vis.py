@@ -201,6 +201,31 @@ def test_image_dir_16_bit_grey_png_is_drawn_scaled(tmp_path):
                                 np.stack([want] * 3, axis=-1))
 
 
+def test_image_dir_says_what_it_skips_and_which_photos_are_turned(
+    tmp_path, caplog):
+  """A folder of phone photos (.heic beside a few JPEGs, subfolders) drew
+  the JPEGs without a word about the rest; photos with an EXIF orientation
+  were drawn sideways to how viewers show them, without a word (the build
+  warns about them)."""
+  photos = tmp_path / 'phone'
+  (photos / 'sub').mkdir(parents=True)
+  (photos / 'IMG_1.heic').write_bytes(b'not read')
+  exif = Image.Exif()
+  exif[0x0112] = 6
+  Image.fromarray(np.zeros((6, 8, 3), np.uint8)).save(photos / 'IMG_2.jpg',
+                                                      exif=exif)
+  Image.fromarray(np.zeros((6, 8, 3), np.uint8)).save(photos / 'IMG_3.jpg')
+  with caplog.at_level('WARNING'):
+    samples = list(vis.iterate_image_dir(
+        str(photos), config.PreprocessOptions(crop_size=None), None))
+  assert [s['name'] for s in samples] == ['IMG_2.jpg', 'IMG_3.jpg']
+  assert ('%s: 2 entries not drawn (only .jpg/.jpeg/.png/.bmp/.webp/.tif/'
+          '.tiff files are, not in '
+          'subfolders): IMG_1.heic, sub' % photos) in caplog.text
+  assert ('1 image(s) carry an EXIF orientation that viewers apply (turned '
+          'or mirrored): IMG_2.jpg.') in caplog.text
+
+
 def test_image_dir_image_over_pillows_pixel_limit_is_named(tmp_path,
                                                           monkeypatch):
   """An orthophoto over Pillow's limit ended vis with a traceback that did

@@ -30,9 +30,7 @@ _log = logging.getLogger(__name__)
 _ID_MODES = ('P', 'L', '1', 'I', 'I;16', 'I;16B', 'I;16L')
 
 
-# The EXIF tag of the orientation viewers apply to a photo's pixels (1:
-# none; 2-8: mirrored and/or rotated; 5-8 swap width and height).
-EXIF_ORIENTATION = 0x0112
+EXIF_ORIENTATION = pil_images.EXIF_ORIENTATION
 _SWAPPING_ORIENTATIONS = (5, 6, 7, 8)
 _ORIENTATIONS = range(1, 9)
 

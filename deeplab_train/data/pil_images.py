@@ -13,6 +13,10 @@ import warnings
 import numpy as np
 from PIL import Image
 
+# The EXIF tag of the orientation viewers apply to a photo's pixels (1:
+# none; 2-8: mirrored and/or rotated; 5-8 swap width and height).
+EXIF_ORIENTATION = 0x0112
+
 # Modes of one channel of integers wider than 8 bits (16-bit PNGs open as
 # I;16 or, in older Pillow, I).
 DEEP_GREY_MODES = ('I', 'I;16', 'I;16B', 'I;16L', 'I;16N')

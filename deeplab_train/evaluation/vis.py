@@ -26,6 +26,7 @@ from PIL import Image
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
+from deeplab_train.config import errors
 from deeplab_train.data import colormap as colormap_lib
 from deeplab_train.data import pil_images
 from deeplab_train.data import preprocess
@@ -163,17 +164,25 @@ def iterate_image_dir(image_dir, preprocess_options, mean_pixel,
   if not image_dir or not os.path.isdir(image_dir):
     raise config.ConfigError('{iterate_image_dir.image_dir}=%s is not a '
                              'folder', image_dir)
-  files = sorted(f for f in os.listdir(image_dir)
-                 if f.lower().endswith(IMAGE_EXTENSIONS) and
-                 not f.startswith('.'))
+  entries = sorted(f for f in os.listdir(image_dir) if not f.startswith('.'))
+  files = [f for f in entries if f.lower().endswith(IMAGE_EXTENSIONS)]
   if not files:
     raise config.ConfigError('no %s files in {iterate_image_dir.image_dir}=%s',
                              '/'.join(IMAGE_EXTENSIONS), image_dir)
+  others = [f for f in entries if f not in files]
+  if others:
+    # A folder of phone photos (.heic) drew its few JPEGs without a word.
+    _log.warning('%s: %d entries not drawn (only %s files are, not in '
+                 'subfolders): %s', image_dir, len(others),
+                 '/'.join(IMAGE_EXTENSIONS), errors.shortened(others, 10))
+  turned = []
   with _Resizer(preprocess_options) as resize:
     for name in files:
       path = os.path.join(image_dir, name)
       try:
         with Image.open(path) as im:
+          if im.getexif().get(pil_images.EXIF_ORIENTATION, 1) in range(2, 9):
+            turned.append(name)
           original = np.asarray(pil_images.to_rgb(im))
       except pil_images.READ_ERRORS as e:
         reason = pil_images.read_error_reason(e)
@@ -186,6 +195,15 @@ def iterate_image_dir(image_dir, preprocess_options, mean_pixel,
       yield {'image': resize(original), 'label': None, 'name': name,
              'height': original.shape[0], 'width': original.shape[1],
              'original_image': original}
+  if turned:
+    # As training and deeplab-build-data read them (and warn).
+    _log.warning(
+        '%d image(s) carry an EXIF orientation that viewers apply (turned or '
+        'mirrored): %s. They are drawn as the files store the pixels, as '
+        'training reads images, so their outputs are turned against the '
+        'photo as viewers show it: apply the orientation to the files first '
+        '(e.g. `exiftran -ai` or `mogrify -auto-orient`)', len(turned),
+        errors.shortened(turned, 10))
 
 
 class _Resizer:
