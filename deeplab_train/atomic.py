@@ -150,6 +150,16 @@ def together():
     raise
   finally:
     _together.pop()
+  # A rename that cannot succeed (a folder where a file goes) is found
+  # before the first: eval replaced two of its three files, then failed on
+  # the third, leaving results of two evaluations side by side.
+  for tmp, path, _ in pending:
+    if (os.path.isdir(path) and not os.path.islink(path)
+        and not os.path.isdir(tmp)):
+      for other, _, _ in pending:
+        _remove(other)
+      raise not_written(path, IsADirectoryError(
+          errno.EISDIR, os.strerror(errno.EISDIR), path))
   for i, (tmp, path, replace) in enumerate(pending):
     try:
       replace(tmp, path)

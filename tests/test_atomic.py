@@ -66,6 +66,25 @@ def test_outputs_written_together_are_all_new_or_all_old(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ['frozen.pb', 'saved_model']
 
 
+def test_a_folder_where_a_file_of_the_block_goes_changes_none(tmp_path):
+  """eval's three result files: a folder at eval_result.json failed its
+  rename after the two confusion matrix files were replaced, leaving
+  results of two evaluations side by side."""
+  csv, png, json_path = (tmp_path / 'c.csv', tmp_path / 'c.png',
+                         tmp_path / 'result.json')
+  csv.write_text('old')
+  png.write_text('old')
+  json_path.mkdir()
+  with pytest.raises(atomic.OutputNotWrittenError) as error:
+    with atomic.together():
+      for path in (csv, png, json_path):
+        atomic.write_bytes(str(path), b'new')
+  assert error.value.filename == str(json_path)
+  assert 'Is a directory' in str(error.value)
+  assert csv.read_text() == 'old' and png.read_text() == 'old'
+  assert sorted(os.listdir(tmp_path)) == ['c.csv', 'c.png', 'result.json']
+
+
 def test_a_writers_error_names_the_output_not_its_temp(tmp_path):
   """TensorFlow's SavedModel writer names the file it failed on, inside the
   temp folder: 'cannot write OUT/sm: OUT/.sm.tmp-PID@HOST/saved_model.pb;

@@ -605,3 +605,23 @@ def test_a_second_eval_on_one_eval_logdir_exits_75(tiny, tmp_path, capsys):
       '--eval_logdir=%s' % eval_dir]) == 0
   assert eval_cli.LOCK_FILENAME not in os.listdir(eval_dir)
   assert 'eval_result.json' in os.listdir(eval_dir)
+
+
+def test_a_folder_where_an_eval_file_goes_is_bad_input_at_once(tiny, tmp_path,
+                                                              capsys):
+  """A folder at EVAL_LOGDIR/eval_result.json was found after the whole
+  evaluation (exit 1), once the confusion matrix files were replaced."""
+  eval_dir = tmp_path / 'eval'
+  (eval_dir / 'eval_result.json').mkdir(parents=True)
+  (eval_dir / 'confusion_matrix.csv').write_text('old')
+  code = et.run_cli(eval_cli, [
+      '--checkpoint_dir=' + tiny['train'], '--dataset_dir=' + tiny['data'],
+      '--eval_logdir=%s' % eval_dir])
+  out, err = capsys.readouterr()
+  assert code == 2, err
+  assert _last_json_line(out)['status'] == 'bad_input'
+  assert err.splitlines()[-1] == (
+      'deeplab-eval: error: --eval_logdir=%s holds a folder named '
+      'eval_result.json, where deeplab-eval writes its file: move it, or give '
+      'another --eval_logdir' % eval_dir)
+  assert (eval_dir / 'confusion_matrix.csv').read_text() == 'old'

@@ -194,8 +194,7 @@ def _exported_options():
       split=FLAGS.eval_split, batch_size=FLAGS.eval_batch_size,
       result_json=FLAGS.eval_result_json).validate()
   eval_logdir = FLAGS.eval_logdir or loaded.output_folder_beside(path, 'eval')
-  output_paths.check_output_folder('eval_logdir', eval_logdir)
-  output_paths.check_output_file('eval_result_json', FLAGS.eval_result_json)
+  _check_outputs(eval_logdir)
   return EvalJob(
       checkpoint_dir=None, eval_logdir=eval_logdir,
       dataset_dir=FLAGS.dataset_dir, dataset_info=info,
@@ -204,6 +203,22 @@ def _exported_options():
       inference=config.InferenceOptions(), eval_options=eval_options,
       exported_model=path,
       exported_resize=inference_flags.preprocess_options(saved_pre))
+
+
+def _check_outputs(eval_logdir):
+  """Raises ConfigError when the eval logdir or result file cannot be
+  written, or a folder stands where one of eval's files goes (found only
+  once the whole evaluation was done)."""
+  output_paths.check_output_folder('eval_logdir', eval_logdir)
+  output_paths.check_output_file('eval_result_json', FLAGS.eval_result_json)
+  from deeplab_train.evaluation import eval_loop  # pylint: disable=g-import-not-at-top
+  for name in (eval_loop.RESULT_FILENAME, eval_loop.CONFUSION_CSV_FILENAME,
+               eval_loop.CONFUSION_PNG_FILENAME):
+    if os.path.isdir(os.path.join(eval_logdir, name)):
+      raise config.ConfigError(
+          '--eval_logdir=%s holds a folder named %s, where deeplab-eval '
+          'writes its file: move it, or give another --eval_logdir',
+          eval_logdir, name)
 
 
 def options_from_flags():
@@ -223,8 +238,7 @@ def options_from_flags():
   folder = _checkpoint_folder(checkpoint_dir)
   eval_logdir = FLAGS.eval_logdir or os.path.join(folder, 'eval')
   # Checked now, not after the whole evaluation (or the wait for it).
-  output_paths.check_output_folder('eval_logdir', eval_logdir)
-  output_paths.check_output_file('eval_result_json', FLAGS.eval_result_json)
+  _check_outputs(eval_logdir)
   if _follow_mode() and not _first_checkpoint_came(
       folder, FLAGS.eval_timeout_secs):
     return None
