@@ -156,8 +156,8 @@ def test_image_dir_draws_past_an_unreadable_file_and_other_formats(
                               '--vis_logdir=%s' % out]) == 2
   err = capsys.readouterr().err.splitlines()[-1]
   assert err.startswith(
-      'deeplab-vis: error: 1 file(s) of --image_dir could not be read and '
-      'were skipped, after 3 image(s) were drawn to %s: %s (' % (
+      'deeplab-vis: error: 1 file(s) of --image_dir could not be read or '
+      'drawn and were skipped, after 3 image(s) were drawn to %s: %s (' % (
           out, photos / 'b.jpg'))
   assert err.endswith('); replace or remove them')
   assert sorted(os.listdir(out / vis.SEMANTIC_FOLDER)) == [
@@ -168,6 +168,34 @@ def test_image_dir_draws_past_an_unreadable_file_and_other_formats(
     np.testing.assert_array_equal(
         et.read_png(out / vis.SEMANTIC_FOLDER / ('%s_prediction.png' % stem)),
         colormap.get_colormap('pascal')[labels])
+
+
+def test_an_image_too_large_for_the_input_is_skipped_like_an_unreadable_one(
+    tmp_path):
+  """One image larger than a fixed input (--vis_crop_size, an exported
+  .tflite) stopped the whole folder: those after it were never drawn."""
+  class Fixed:
+    def predict(self, images, names):
+      for image, name in zip(images, names):
+        if image.shape[0] > 10:
+          raise config.ImageTooLargeError('image %s is too large' % name)
+      return [np.zeros(image.shape[:2], np.int64) for image in images]
+
+  def sample(name, size):
+    image = np.zeros((size, size, 3), np.uint8)
+    return {'image': image.astype(np.float32), 'name': name, 'label': None,
+            'height': size, 'width': size, 'original_image': image}
+  samples = [sample('a.png', 8), sample('big.png', 20), sample('c.png', 8)]
+  skipped = []
+  count = vis.visualize(Fixed(), samples, str(tmp_path), 'pascal',
+                        config.VisOptions(), batch_size=2, too_large=skipped)
+  assert skipped == ['big.png (image big.png is too large)']
+  assert count == 2   # drawn
+  assert sorted(os.listdir(tmp_path / vis.SEMANTIC_FOLDER)) == [
+      'a_image.png', 'a_prediction.png', 'c_image.png', 'c_prediction.png']
+  with pytest.raises(config.ImageTooLargeError):
+    vis.visualize(Fixed(), samples, str(tmp_path), 'pascal',
+                  config.VisOptions(), batch_size=2)
 
 
 def test_image_dir_with_resize_keeps_input_size(tiny, tmp_path):

@@ -61,8 +61,9 @@ _VIS_TABLE = (
     ('string', 'image_dir', None,
      'Visualise the image files of this folder (.jpg, .png, .bmp, .webp, '
      '.tif) instead of a split (no --dataset_dir needed with a saved '
-     'config). A file that cannot be read is skipped: the others are '
-     'drawn, then the command exits 2 naming it.'),
+     'config). A file that cannot be read, or an image larger than a fixed '
+     'input size, is skipped: the others are drawn, then the command exits '
+     '2 naming it.'),
     ('integer', 'vis_batch_size', 1, 'The number of images in each batch.'),
     ('list', 'vis_crop_size', None,
      'Pad every image to this HEIGHT,WIDTH. Unset: pad each image only to '
@@ -261,11 +262,13 @@ def run_vis(job):
                           job.vis_options, batch_size=job.batch_size,
                           train_id_to_eval_id=eval_ids,
                           class_names=info.class_names,
-                          num_classes=job.model_options.num_classes)
+                          num_classes=job.model_options.num_classes,
+                          too_large=unreadable if job.image_dir else None)
   if unreadable:
     raise config.ConfigError(
-        '%d file(s) of --image_dir could not be read and were skipped, after '
-        '%d image(s) were drawn to %s: %s; replace or remove them',
+        '%d file(s) of --image_dir could not be read or drawn and were '
+        'skipped, after %d image(s) were drawn to %s: %s; replace or remove '
+        'them',
         len(unreadable), count, job.vis_logdir, '; '.join(unreadable[:5]) + (
             '; ...' if len(unreadable) > 5 else ''))
   return count

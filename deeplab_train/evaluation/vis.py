@@ -239,7 +239,7 @@ class _Resizer:
 
 def visualize(predictor, samples, vis_logdir, colormap, vis_options,
               batch_size=1, train_id_to_eval_id=None, class_names=None,
-              num_classes=None):
+              num_classes=None, too_large=None):
   """Predicts each sample and writes its PNGs (and legend.png, first).
 
   Args:
@@ -255,6 +255,9 @@ def visualize(predictor, samples, vis_logdir, colormap, vis_options,
     class_names: one name per class id for the legend, or None ('class N').
     num_classes: the classes legend.png lists (legend 'file'); None: one
       per class name.
+    too_large: a list to append 'NAME (REASON)' to for each image too large
+      for the model's fixed input, which is then skipped with a warning;
+      None: such an image raises ImageTooLargeError.
 
   Returns:
     The number of images written.
@@ -271,8 +274,7 @@ def visualize(predictor, samples, vis_logdir, colormap, vis_options,
   for batch in eval_loop.batched(samples, batch_size):
     if limit > 0:
       batch = batch[:limit - count]
-    labels = predictor.predict([s['image'] for s in batch],
-                               names=[s['name'] for s in batch])
+    batch, labels = _predicted(predictor, batch, too_large)
     for sample, prediction in zip(batch, labels):
       _write_one(sample, prediction, unique(sample['name']), vis_logdir,
                  colormap, vis_options, train_id_to_eval_id, class_names)
@@ -281,6 +283,29 @@ def visualize(predictor, samples, vis_logdir, colormap, vis_options,
     if 0 < limit <= count:
       break
   return count
+
+
+def _predicted(predictor, batch, too_large):
+  """(the samples of `batch` predicted, their labels): with `too_large`
+  a list, a batch holding an image too large for the model is predicted
+  one image at a time, skipping those (listed in `too_large`)."""
+  predict = lambda samples: predictor.predict(
+      [s['image'] for s in samples], names=[s['name'] for s in samples])
+  try:
+    return batch, predict(batch)
+  except config.ImageTooLargeError:
+    if too_large is None:
+      raise
+  kept, labels = [], []
+  for sample in batch:
+    try:
+      labels.extend(predict([sample]))
+    except config.ImageTooLargeError as e:
+      _log.warning('skipping %s: %s', sample['name'], e)
+      too_large.append('%s (%s)' % (sample['name'], e))
+      continue
+    kept.append(sample)
+  return kept, labels
 
 
 def write_legend_file(vis_logdir, colormap, class_names, num_classes=None):
