@@ -481,7 +481,8 @@ def test_pillows_warnings_that_name_no_file_are_said_naming_it(
     build_voc(images, labels, lists, str(tmp_path / 'out'), OPTIONS)
   assert [str(x.message) for x in w] == []
   big = os.path.join(images, 'img_01.png')
-  assert '%s is 28x20 (0 megapixels): converted' % big in caplog.text
+  assert ('%s is 28x20 (0 megapixels): predicting it whole (eval, vis) '
+          'needs several GB' % big) in caplog.text
   assert 'carry an EXIF orientation' not in caplog.text
 
 

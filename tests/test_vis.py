@@ -1,6 +1,7 @@
 """deeplab-vis: PNGs named after the images, at their size, in the palette."""
 import json
 import os
+import warnings
 
 import numpy as np
 from PIL import Image
@@ -230,7 +231,7 @@ def test_image_dir_16_bit_grey_png_is_drawn_scaled(tmp_path):
 
 
 def test_image_dir_says_what_it_skips_and_which_photos_are_turned(
-    tmp_path, caplog):
+    tmp_path, caplog, monkeypatch):
   """A folder of phone photos (.heic beside a few JPEGs, subfolders) drew
   the JPEGs without a word about the rest; photos with an EXIF orientation
   were drawn sideways to how viewers show them, without a word (the build
@@ -243,9 +244,16 @@ def test_image_dir_says_what_it_skips_and_which_photos_are_turned(
   Image.fromarray(np.zeros((6, 8, 3), np.uint8)).save(photos / 'IMG_2.jpg',
                                                       exif=exif)
   Image.fromarray(np.zeros((6, 8, 3), np.uint8)).save(photos / 'IMG_3.jpg')
-  with caplog.at_level('WARNING'):
+  # Over Pillow's warning limit: its 'could be decompression bomb DOS
+  # attack' named no file.
+  monkeypatch.setattr(Image, 'MAX_IMAGE_PIXELS', 40)   # 48 > 40
+  with caplog.at_level('WARNING'), warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter('always')
     samples = list(vis.iterate_image_dir(
         str(photos), config.PreprocessOptions(crop_size=None), None))
+  assert [str(x.message) for x in w] == []
+  assert ('%s is 8x6 (0 megapixels): predicting it whole'
+          % (photos / 'IMG_3.jpg')) in caplog.text
   assert [s['name'] for s in samples] == ['IMG_2.jpg', 'IMG_3.jpg']
   assert ('%s: 2 entries not drawn (only .jpg/.jpeg/.png/.bmp/.webp/.tif/'
           '.tiff files are, not in '

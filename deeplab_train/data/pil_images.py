@@ -36,8 +36,8 @@ def read_error_reason(error):
 
 
 def quiet_unnamed_warnings():
-  """Silences Pillow's warnings that name no file, for a converter that
-  says the same naming it (`large_image_note`): 'could be decompression
+  """Silences Pillow's warnings that name no file, for a reader that says
+  the same naming it (`large_image_note`): 'could be decompression
   bomb DOS attack' for an image over its pixel warning limit, which is read
   anyway, and 'Corrupt EXIF data' for an EXIF block it cannot parse, whose
   only tag read here (the orientation) is then taken as absent."""
@@ -52,10 +52,9 @@ def large_image_note(path, width, height):
   limit = Image.MAX_IMAGE_PIXELS
   if limit is None or width * height <= limit:
     return None
-  return ('%s is %dx%d (%.0f megapixels): converted, but evaluating or '
-          'visualising it whole needs several GB of memory; cut it into '
-          'tiles if that is too much' % (path, width, height,
-                                         width * height / 1e6))
+  return ('%s is %dx%d (%.0f megapixels): predicting it whole (eval, vis) '
+          'needs several GB of memory; cut it into tiles if that is too '
+          'much' % (path, width, height, width * height / 1e6))
 
 
 def to_rgb(im):

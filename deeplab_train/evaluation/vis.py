@@ -176,11 +176,15 @@ def iterate_image_dir(image_dir, preprocess_options, mean_pixel,
                  'subfolders): %s', image_dir, len(others),
                  '/'.join(IMAGE_EXTENSIONS), errors.shortened(others, 10))
   turned = []
+  pil_images.quiet_unnamed_warnings()
   with _Resizer(preprocess_options) as resize:
     for name in files:
       path = os.path.join(image_dir, name)
       try:
         with Image.open(path) as im:
+          note = pil_images.large_image_note(path, *im.size)
+          if note:
+            _log.warning('%s', note)
           if im.getexif().get(pil_images.EXIF_ORIENTATION, 1) in range(2, 9):
             turned.append(name)
           original = np.asarray(pil_images.to_rgb(im))
