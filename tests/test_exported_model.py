@@ -85,7 +85,7 @@ def test_eval_of_frozen_graph_equals_checkpoint_eval(tiny, checkpoint_miou,
   assert 'exported model %s (frozen_graph)' % tiny['pb'] in out
   assert 'mIoU %.4f' % result['miou'] in out
   # Default output folder: eval_NAME beside the file.
-  eval_dir = os.path.join(os.path.dirname(tiny['pb']), 'eval_frozen')
+  eval_dir = os.path.join(os.path.dirname(tiny['pb']), 'eval_frozen_pb')
   assert {'eval_result.json', 'confusion_matrix.csv',
           'confusion_matrix.png'} <= set(os.listdir(eval_dir))
   with open(os.path.join(eval_dir, 'eval_result.json')) as f:
@@ -292,3 +292,15 @@ def test_eval_of_tflite_model(tiny, checkpoint_miou, checkpoint_labels,
     got = exported.predict(big)
   assert got.shape == (57, 49)
   assert np.mean(got == freeze.run_frozen_graph(frozen, big)[0]) >= 0.95
+
+
+def test_default_output_folders_of_two_exports_of_one_name_differ():
+  """OUT/model.pb and OUT/model.tflite (a float export and its quantised
+  one, compared before shipping) both evaluated into OUT/eval_model: the
+  second run replaced the first's results."""
+  assert loaded.output_folder_beside('/o/model.pb', 'eval') == (
+      '/o/eval_model_pb')
+  assert loaded.output_folder_beside('/o/model.tflite', 'eval') == (
+      '/o/eval_model_tflite')
+  assert loaded.output_folder_beside('/o/saved_model/', 'eval') == (
+      '/o/eval_saved_model')

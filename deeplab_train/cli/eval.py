@@ -26,7 +26,7 @@ overwrites these two files: they show the latest checkpoint evaluated.
 
 scores what deeplab-export wrote (a frozen .pb, a SavedModel folder or a
 .tflite file, float or quantized) once, with the same table, JSON line and
-files (default --eval_logdir: eval_NAME beside it), so you see what the
+files (default --eval_logdir: eval_NAME_EXT beside it), so you see what the
 deployed file scores. The model options come from a deeplab_config.json
 beside it when there is one, else from the flags and the dataset; the crop,
 scales, flips and (but for TFLite) the resize were fixed at export, so those

@@ -105,10 +105,12 @@ def run_config_folder(path):
 
 def output_folder_beside(path, prefix):
   """A command's default output folder for an exported model: PREFIX_NAME
-  beside it (e.g. OUT/eval_frozen for OUT/frozen.pb)."""
-  path = os.path.abspath(path)
-  stem = os.path.splitext(os.path.basename(path))[0] or 'model'
-  return os.path.join(os.path.dirname(path), '%s_%s' % (prefix, stem))
+  beside it, its extension kept (OUT/eval_frozen_pb for OUT/frozen.pb):
+  model.pb and model.tflite, a float export and its quantised one compared
+  before shipping, wrote their results into one folder."""
+  path = os.path.abspath(path.rstrip('/'))
+  name = os.path.basename(path).replace('.', '_') or 'model'
+  return os.path.join(os.path.dirname(path), '%s_%s' % (prefix, name))
 
 
 def open_exported(path, mean_pixel=None, resize_options=None,
