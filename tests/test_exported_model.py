@@ -4,6 +4,7 @@ import os
 import shutil
 
 import numpy as np
+from PIL import Image
 import pytest
 import tensorflow.compat.v1 as tf
 
@@ -304,3 +305,19 @@ def test_default_output_folders_of_two_exports_of_one_name_differ():
       '/o/eval_model_tflite')
   assert loaded.output_folder_beside('/o/saved_model/', 'eval') == (
       '/o/eval_saved_model')
+
+
+def test_an_export_without_its_dataset_names_what_to_give(tiny, tmp_path,
+                                                           capsys):
+  """deeplab-vis of a bare .pb without --dataset_dir said only 'evaluate it
+  on the dataset it was trained on', naming no flag."""
+  photos = tmp_path / 'photos'
+  photos.mkdir()
+  Image.fromarray(et.tiny_images()[0][1]).save(photos / 'a.png')
+  assert et.run_cli(vis_cli, ['--exported_model=' + tiny['pb'],
+                              '--image_dir=%s' % photos,
+                              '--vis_logdir=%s' % (tmp_path / 'out')]) == 2
+  err = capsys.readouterr().err.splitlines()[-1]
+  assert ('give the dataset it was trained on (--dataset_dir=ITS_TFRECORDS, '
+          'or --dataset=ITS_NAME), or put the deeplab_config.json of its '
+          'training run beside it') in err, err

@@ -219,7 +219,10 @@ class ExportedModel:
     if self.num_classes is not None and self.num_classes != num_classes:
       raise ExportedModelError(
           'the exported model {open_exported.path}=%s predicts %d classes '
-          'but %s gives %d: evaluate it on the dataset it was trained on',
+          'but %s gives %d: give the dataset it was trained on '
+          '({check_num_classes.dataset_dir}=ITS_TFRECORDS, or '
+          '{check_num_classes.dataset}=ITS_NAME), or put the '
+          'deeplab_config.json of its training run beside it',
           self.path, self.num_classes, source, num_classes)
 
   def close(self):
