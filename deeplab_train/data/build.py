@@ -89,14 +89,11 @@ def _write_shard(entries, temp_path, options, stop):
     # The writer's (the pairs are read and encoded without TensorFlow).
     raise _write_failure(os.path.dirname(temp_path), e) from None
   if oriented:
-    _log.warning(
-        '%d image(s) carry an EXIF orientation that viewers apply (turned or '
-        'mirrored): %s. Their pixels are stored as the files hold them, as '
+    _log.warning('%s', pil_images.turned_note(
+        oriented, 'Their pixels are stored as the files hold them, as '
         'TensorFlow reads them; if their labels were drawn on the images as '
-        'viewers show them, they do not line up: apply the orientation to '
-        'the image files first (e.g. `exiftran -ai` or `mogrify '
-        '-auto-orient`) and build again', len(oriented),
-        build_options.few(oriented))
+        'viewers show them, they do not line up, so build again once the '
+        'files are turned'))
   return counter
 
 

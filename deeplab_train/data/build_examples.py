@@ -30,9 +30,8 @@ _log = logging.getLogger(__name__)
 _ID_MODES = ('P', 'L', '1', 'I', 'I;16', 'I;16B', 'I;16L')
 
 
-EXIF_ORIENTATION = pil_images.EXIF_ORIENTATION
+# EXIF orientations that swap width and height.
 _SWAPPING_ORIENTATIONS = (5, 6, 7, 8)
-_ORIENTATIONS = range(1, 9)
 
 
 def read_image(path):
@@ -62,9 +61,7 @@ def read_image(path):
       note = pil_images.large_image_note(path, width, height)
       if note:
         _log.warning('%s', note)
-      orientation = im.getexif().get(EXIF_ORIENTATION, 1)
-      if orientation not in _ORIENTATIONS:
-        orientation = 1   # not a value viewers apply (EXIF has 1 to 8)
+      orientation = pil_images.orientation(im)
       if fmt == 'JPEG' and mode in ('L', 'RGB'):
         return data, 'jpeg', height, width, orientation
       first = _first_picture(im, data) if fmt == 'MPO' else None

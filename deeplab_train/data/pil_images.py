@@ -13,6 +13,8 @@ import warnings
 import numpy as np
 from PIL import Image
 
+from deeplab_train.config import errors
+
 # The EXIF tag of the orientation viewers apply to a photo's pixels (1:
 # none; 2-8: mirrored and/or rotated; 5-8 swap width and height).
 EXIF_ORIENTATION = 0x0112
@@ -55,6 +57,22 @@ def large_image_note(path, width, height):
   return ('%s is %dx%d (%.0f megapixels): predicting it whole (eval, vis) '
           'needs several GB of memory; cut it into tiles if that is too '
           'much' % (path, width, height, width * height / 1e6))
+
+
+def orientation(im):
+  """The EXIF orientation of the open image `im`: 1 (as stored) when it
+  has none or one outside EXIF's 1..8, which viewers do not apply."""
+  value = im.getexif().get(EXIF_ORIENTATION, 1)
+  return value if value in range(1, 9) else 1
+
+
+def turned_note(names, stored_how):
+  """The warning for images whose EXIF orientation viewers apply: who
+  they are, then `stored_how` (what the command did and what it means)."""
+  return ('%d image(s) carry an EXIF orientation that viewers apply (turned '
+          'or mirrored): %s. %s: apply the orientation to the files first '
+          '(e.g. `exiftran -ai` or `mogrify -auto-orient`)'
+          % (len(names), errors.shortened(names, 10), stored_how))
 
 
 def to_rgb(im):

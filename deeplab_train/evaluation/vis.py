@@ -185,7 +185,7 @@ def iterate_image_dir(image_dir, preprocess_options, mean_pixel,
           note = pil_images.large_image_note(path, *im.size)
           if note:
             _log.warning('%s', note)
-          if im.getexif().get(pil_images.EXIF_ORIENTATION, 1) in range(2, 9):
+          if pil_images.orientation(im) != 1:
             turned.append(name)
           original = np.asarray(pil_images.to_rgb(im))
       except pil_images.READ_ERRORS as e:
@@ -201,13 +201,10 @@ def iterate_image_dir(image_dir, preprocess_options, mean_pixel,
              'original_image': original}
   if turned:
     # As training and deeplab-build-data read them (and warn).
-    _log.warning(
-        '%d image(s) carry an EXIF orientation that viewers apply (turned or '
-        'mirrored): %s. They are drawn as the files store the pixels, as '
-        'training reads images, so their outputs are turned against the '
-        'photo as viewers show it: apply the orientation to the files first '
-        '(e.g. `exiftran -ai` or `mogrify -auto-orient`)', len(turned),
-        errors.shortened(turned, 10))
+    _log.warning('%s', pil_images.turned_note(
+        turned, 'They are drawn as the files store the pixels, as training '
+        'reads images, so their outputs are turned against the photo as '
+        'viewers show it'))
 
 
 class _Resizer:
