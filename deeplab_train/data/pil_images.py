@@ -3,7 +3,11 @@
 PIL's own convert('RGB') clips the pixels of 16- and 32-bit grey images
 (modes I;16*, I) at 255, so a 16-bit grey PNG comes out all white. Those
 are scaled to 8 bits here instead (v / 257, the 16-bit full scale onto the
-8-bit one), as TensorFlow's PNG decoder does when asked for uint8.
+8-bit one), as TensorFlow's PNG decoder does when asked for uint8. It also
+truncates a float image (mode F, e.g. a 32-bit float TIFF) to integers, so
+one of values in [0, 1] comes out black; such an image is scaled by 255
+here, as TensorFlow's convert_image_dtype does, and one in [0, 255] taken
+as it is.
 
 `READ_ERRORS` are what opening a bad file raises, and `read_error_reason`
 says why in the user's terms.
@@ -76,9 +80,38 @@ def turned_note(names, stored_how):
 
 
 def to_rgb(im):
-  """A PIL image as a PIL RGB image of 8 bits per channel."""
+  """A PIL image as a PIL RGB image of 8 bits per channel.
+
+  Raises:
+    ValueError: a float image whose values are neither in [0, 1] nor in
+      [0, 255] (no 8-bit scale can be told from it).
+  """
   if im.mode in DEEP_GREY_MODES:
     wide = np.asarray(im, dtype=np.int64)
     grey = np.clip(np.rint(wide / 257.0), 0, 255).astype(np.uint8)
     return Image.fromarray(grey, mode='L').convert('RGB')
+  if im.mode == 'F':
+    return Image.fromarray(_float_to_8_bits(np.asarray(im)),
+                           mode='L').convert('RGB')
   return im.convert('RGB')
+
+
+def _float_to_8_bits(values):
+  """The grey values of a float image as uint8: by 255 when all are in
+  [0, 1], as they are in [0, 255]."""
+  finite = np.isfinite(values)
+  if not finite.all():
+    raise ValueError('a float image with %d NaN or infinite pixel(s): '
+                     'convert it to an 8-bit image'
+                     % np.count_nonzero(~finite))
+  low, high = (float(values.min()), float(values.max())) if values.size \
+      else (0.0, 0.0)
+  if low >= 0 and high <= 1:
+    scale = 255.0
+  elif low >= 0 and high <= 255:
+    scale = 1.0
+  else:
+    raise ValueError('a float image with values from %g to %g, neither in '
+                     '[0, 1] nor in [0, 255]: convert it to an 8-bit image '
+                     'of the scale meant' % (low, high))
+  return np.clip(np.rint(values * scale), 0, 255).astype(np.uint8)
