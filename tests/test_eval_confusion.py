@@ -87,6 +87,14 @@ def test_most_confused_pairs_hand_made():
   assert '1 b -> 0 a: 30.0% (30 px)' in text
 
 
+def test_unnamed_classes_show_their_id_once():
+  """Without class names, a pair read '1 1 -> 0 0'."""
+  counts = np.array([[5, 0], [3, 7]])
+  text = confusion.format_confused_pairs(
+      confusion.most_confused_pairs(counts))
+  assert text.splitlines()[1] == '  1 -> 0: 30.0% (3 px)'
+
+
 def test_table_has_precision_and_recall():
   counts = np.array([[3, 1], [0, 0]])
   table = metrics.format_table(metrics.compute_metrics(counts, ['bg', 'cat']))

@@ -116,16 +116,24 @@ def most_confused_pairs(counts, class_names=None, top_k=5):
 
 
 def format_confused_pairs(pairs: Sequence[ConfusedPair]):
-  """Lines for the terminal, e.g. '  cat -> dog: 12.5% of cat (340 px)'."""
+  """Lines for the terminal, e.g. '  8 cat -> 12 dog: 12.5% (340 px)';
+  a class without a name shows its id once ('  1 -> 0: ...')."""
   if not pairs:
     return 'most confused classes: none (no pixel was misclassified)'
   lines = ['most confused classes (ground truth -> predicted, share of the '
            'ground-truth class):']
   for pair in pairs:
-    lines.append('  %d %s -> %d %s: %.1f%% (%d px)' % (
-        pair.ground_truth, pair.ground_truth_name, pair.predicted,
-        pair.predicted_name, 100 * pair.share, pair.pixels))
+    lines.append('  %s -> %s: %.1f%% (%d px)' % (
+        _id_and_name(pair.ground_truth, pair.ground_truth_name),
+        _id_and_name(pair.predicted, pair.predicted_name),
+        100 * pair.share, pair.pixels))
   return '\n'.join(lines)
+
+
+def _id_and_name(class_id, name):
+  """'8 cat', or '8' for a class named by its id alone (no class names)."""
+  return str(class_id) if name == str(class_id) else '%d %s' % (class_id,
+                                                                name)
 
 
 def to_csv_text(counts, class_names=None):
