@@ -624,12 +624,6 @@ def test_a_task_in_its_session_gets_the_full_stop_grace(monkeypatch):
   monkeypatch.setattr(train_cli, 'CLUSTER_STOP_GRACE_BEFORE_THE_SESSION_SECS',
                       0)
 
-  class Exited(Exception):
-    pass
-
-  def exit_now(code):
-    raise Exited(code)
-
   class Run:
     def __init__(self, in_session):
       self.in_session = in_session
@@ -637,14 +631,75 @@ def test_a_task_in_its_session_gets_the_full_stop_grace(monkeypatch):
     def session_progress(self):
       return self.in_session, None
 
-  monkeypatch.setattr(train_cli.os, '_exit', exit_now)
   for in_session, grace in ((False, 0), (True, 1)):
     why = []
-    with pytest.raises(Exited):
-      train_cli._stop_when_stuck(  # pylint: disable=protected-access
-          Run(in_session), 'SIGTERM', lambda _, text: why.append(text))
+    start = time.time()
+    train_cli._stop_when_stuck(  # pylint: disable=protected-access
+        Run(in_session), 'SIGTERM', why.append)
+    assert grace <= time.time() - start < grace + 5
     assert why == ['SIGTERM, and no step ended within %d s: waiting for '
                    'another task of the cluster' % grace]
+
+
+class _StepClock:
+  """A run whose steps begin and end as the test says (step_began), with
+  a step time of 0.1 s once in its session."""
+
+  def __init__(self):
+    self.began = None
+
+  def session_progress(self):
+    return True, 0.1
+
+  def step_began(self):
+    return self.began
+
+
+def test_a_step_stuck_past_the_time_budget_ends_the_task(monkeypatch):
+  """A synchronous chief whose worker died (or any task whose ps is gone)
+  waited in its step past --max_run_seconds until a signal came: the time
+  budget stops a run between steps only. The step waiting a grace period
+  past the budget now ends the task at once; time between steps (the
+  final save, a validation) and a step that began before the budget but
+  is still within its grace do not."""
+  monkeypatch.setattr(train_cli, 'CLUSTER_STOP_GRACE_SECS', 1)
+  run = _StepClock()
+  ended = []
+  now = time.time()
+  deadline = now + 1.0
+  run.began = now - 100    # long under way, but within the budget until
+  watcher = threading.Thread(
+      target=train_cli._stop_when_stuck_past_budget,  # pylint: disable=protected-access
+      args=(run, deadline, ended.append, 0.05), daemon=True)
+  watcher.start()
+  time.sleep(1.6)     # the deadline, then 0.6 s of the 1.3 s grace
+  assert not ended
+  run.began = None    # the step ended; the run saves between steps
+  time.sleep(1.5)
+  assert not ended
+  run.began = time.time()   # a step that waits for ever
+  watcher.join(timeout=10)
+  assert not watcher.is_alive()
+  waited = time.time() - run.began
+  assert 1.3 <= waited < 3, waited
+  why, = ended
+  assert why.startswith('--max_run_seconds passed ')
+  assert 'waited since for another task of the cluster' in why
+
+
+def test_only_a_task_keeping_its_own_time_budget_has_a_deadline():
+  import types  # pylint: disable=g-import-not-at-top
+  from deeplab_train.runtime import run as run_lib  # pylint: disable=g-import-not-at-top
+  spec = types.SimpleNamespace(run_options=types.SimpleNamespace(
+      max_run_seconds=45))
+  deadline = lambda cluster: run_lib.TrainingRun(
+      spec, cluster, start_time=1000.0).budget_deadline()
+  worker = types.SimpleNamespace(is_chief=False, sync_replicas=True)
+  assert deadline(worker) is None
+  assert deadline(types.SimpleNamespace(is_chief=True,
+                                        sync_replicas=True)) == 1045.0
+  spec.run_options.max_run_seconds = 0
+  assert deadline(None) is None
 
 
 class _StopAt(tf.train.SessionRunHook):

@@ -56,7 +56,10 @@ Exit codes:
       budget used up, stopped by SIGTERM/SIGINT (final checkpoint written),
       early stopping, or nothing to do (the logdir is already at
       training_number_of_steps)
-  1   unexpected error
+  1   unexpected error; also a cluster task whose step still waits for
+      another task (a dead worker, a ps gone) a grace period past
+      --max_run_seconds: stopped at once without a final checkpoint
+      (stop_reason time_budget; the last checkpoint written is intact)
   2   bad flags or input (one-line message; no traceback)
   3   non-finite loss (no checkpoint of the broken step is written)
   75  the logdir is locked by a live run (the message names its pid)
@@ -380,42 +383,94 @@ def _forward_signals(process_signals, run, result_json):
   step does not end (it waits for a ps that is gone, for a synchronous
   step a dead worker holds up, or for the chief) stops at once after a
   grace period, as on a second signal: a batch system's SIGTERM then ends
-  it before its SIGKILL."""
+  it before its SIGKILL. So does one whose step is still waiting a grace
+  period past its --max_run_seconds (`_stop_when_stuck_past_budget`)."""
   def stop_now(signum, why=None):
     name = signals.signal_name(signum)
     report(run.stopped_now(result_lib.STOPPED_NOW[name],
                            result_lib.SIGNAL_PREFIX + name, why), result_json)
 
+  def end_on_signal(name, why):
+    signum = signal.Signals[name]
+    _ending_at_once(lambda: stop_now(signum, why), signals.exit_code(signum))
+
+  def end_past_budget(why):
+    result = run.stopped_now('error', result_lib.TIME_BUDGET, why)
+    _ending_at_once(lambda: report(result, result_json), result.exit_code)
+
   def on_first(name):
     run.stop.request(result_lib.SIGNAL_PREFIX + name)
     if run.cluster is not None:
-      threading.Thread(target=_stop_when_stuck, args=(run, name, stop_now),
+      threading.Thread(target=_stop_when_stuck,
+                       args=(run, name, functools.partial(end_on_signal,
+                                                          name)),
                        name='stop-when-stuck', daemon=True).start()
   process_signals.connect(
       on_first=on_first, on_stop_now=stop_now,
       first_notice=None if run.role.decides_weights else WORKER_FIRST_NOTICE)
+  deadline = run.budget_deadline() if run.cluster is not None else None
+  if deadline is not None:
+    threading.Thread(target=_stop_when_stuck_past_budget,
+                     args=(run, deadline, end_past_budget),
+                     name='stop-when-stuck-past-budget', daemon=True).start()
 
 
-def _stop_when_stuck(run, name, stop_now):
-  """Ends the process if it is still running after the grace period."""
+def _ending_at_once(report_it, code):
+  """Reports (`report_it()`) and ends the process with `code`."""
+  try:
+    report_it()
+  finally:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+
+
+def _stuck_grace(run):
+  """How long a cluster task's step may wait before it is taken as stuck
+  (see CLUSTER_STOP_GRACE_SECS)."""
+  in_session, seconds_per_step = run.session_progress()
+  return (CLUSTER_STOP_GRACE_SECS + 3 * (seconds_per_step or 0)
+          if in_session else CLUSTER_STOP_GRACE_BEFORE_THE_SESSION_SECS)
+
+
+def _stop_when_stuck(run, name, end):
+  """Calls end(why), which ends the process, if it is still running after
+  the grace period."""
   start = time.time()
   while True:
     time.sleep(0.5)
-    in_session, seconds_per_step = run.session_progress()
-    grace = (CLUSTER_STOP_GRACE_SECS + 3 * (seconds_per_step or 0)
-             if in_session else CLUSTER_STOP_GRACE_BEFORE_THE_SESSION_SECS)
+    grace = _stuck_grace(run)
     if time.time() - start >= grace:
       break
   why = ('%s, and no step ended within %.0f s: waiting for another task of '
          'the cluster' % (name, grace))
   logging.warning('stopping at once: %s', why)
-  signum = signal.Signals[name]
-  try:
-    stop_now(signum, why)
-  finally:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(signals.exit_code(signum))  # pylint: disable=protected-access
+  end(why)
+
+
+def _stop_when_stuck_past_budget(run, deadline, end, poll_secs=0.5):
+  """Calls end(why), which ends the process, when a training step has
+  waited a grace period past the `deadline` of --max_run_seconds (a
+  synchronous chief's step held up by a dead worker, any task's by a ps
+  that is gone). The time budget stops a run only between steps: such a
+  task ran past its budget until a signal came. The final checkpoint is
+  not written (the step holds the session); the last one written stands.
+  Work between steps (a validation, the final save) is not a stuck step."""
+  while True:
+    time.sleep(poll_secs)
+    now = time.time()
+    began = run.step_began()
+    if now < deadline or began is None:
+      continue
+    waited = now - max(began, deadline)
+    grace = _stuck_grace(run)
+    if waited >= grace:
+      break
+  why = ('--max_run_seconds passed %.0f s ago, and the step under way has '
+         'waited since for another task of the cluster (a worker or ps '
+         'gone?)' % (now - deadline))
+  logging.warning('stopping at once: %s', why)
+  end(why)
 
 
 def report(result, result_json=None):

@@ -21,7 +21,7 @@ from deeplab_train.runtime import checkpoint_state
 from deeplab_train.runtime import result as result_lib
 
 # Stop reasons recorded by the hooks (see StopState).
-TIME_BUDGET = 'time_budget'
+TIME_BUDGET = result_lib.TIME_BUDGET
 SIGNAL_PREFIX = result_lib.SIGNAL_PREFIX
 # At most this many checkpoints at the end of a run (see CheckpointHook.end).
 _END_SAVES = 3
@@ -351,8 +351,9 @@ def remove_partial_checkpoint(path):
 class ProgressHook(tf.train.SessionRunHook):
   """Logs step, loss, learning rate, images/s and ETA every `every_n_steps`.
 
-  Also keeps the last loss and step for the run's result, and whether the
-  session started. In a synchronous cluster two of a fast worker's steps
+  Also keeps the last loss and step for the run's result, whether the
+  session started, and when the step under way began (`step_began`, None
+  between steps: its other hooks' work is not in it). In a synchronous cluster two of a fast worker's steps
   can make one update of the global step: that step is logged once.
   """
 
@@ -369,14 +370,17 @@ class ProgressHook(tf.train.SessionRunHook):
     self.step = None
     self.seconds_per_step = None
     self.in_session = False
+    self.step_began = None
 
   def after_create_session(self, session, coord):
     self.in_session = True
 
   def before_run(self, run_context):
+    self.step_began = time.time()
     return tf.train.SessionRunArgs(self._fetches)
 
   def after_run(self, run_context, run_values):
+    self.step_began = None
     r = run_values.results
     previous = self.step
     self.loss, self.step = float(r['loss']), int(r['step'])

@@ -3,7 +3,10 @@ and the exit code each status maps to.
 
   ok               0  done: finished, time budget, SIGTERM/SIGINT (a final
                       checkpoint is written), or nothing to do
-  error            1  anything unexpected
+  error            1  anything unexpected; also a cluster task whose step
+                      still waited for another task a grace period past
+                      its time budget, stopped at once (the last
+                      checkpoint written is intact)
   bad_input        2  bad flags, dataset, checkpoint or records
   non_finite_loss  3  NaN/inf loss or weights; no checkpoint of that step
   locked          75  another live run holds the logdir (EX_TEMPFAIL)
@@ -25,6 +28,8 @@ EXIT_CODES = {'ok': 0, 'error': 1, 'bad_input': 2, 'non_finite_loss': 3,
               'locked': 75, 'interrupted': 130, 'terminated': 143}
 # The stop reason of a signal: SIGNAL_PREFIX + 'SIGTERM'.
 SIGNAL_PREFIX = 'signal:'
+# The stop reason of --max_run_seconds.
+TIME_BUDGET = 'time_budget'
 # The status of a run stopped at once by a second signal of its name.
 STOPPED_NOW = {'SIGINT': 'interrupted', 'SIGTERM': 'terminated'}
 

@@ -223,6 +223,12 @@ class TrainingRun:
       return False, None
     return hooks.progress.in_session, hooks.progress.seconds_per_step
 
+  def step_began(self):
+    """When the training step under way began (time.time()), or None
+    between steps, from any thread."""
+    hooks = self._hooks_now
+    return None if hooks is None else hooks.progress.step_began
+
   def execute(self, handle_signals=True):
     """Locks the logdir and trains; every expected ending is a result."""
     logdir = self.spec.run_options.train_logdir
@@ -424,7 +430,11 @@ class TrainingRun:
                   progress, hooks_lib.LastStepHook(g.step_after, last_step),
                   self.signals]
     budget = None
-    if run_options.max_run_seconds and self._keeps_its_own_budget():
+    if run_options.max_run_seconds and not self._keeps_its_own_budget():
+      logging.info('--max_run_seconds=%g is the chief\'s in a synchronous '
+                   'run: this worker stops when the chief does',
+                   run_options.max_run_seconds)
+    elif run_options.max_run_seconds:
       budget = hooks_lib.TimeBudgetHook(run_options.max_run_seconds,
                                         self.start, self.stop)
       hook_list.append(budget)
@@ -454,12 +464,14 @@ class TrainingRun:
     same budget (every task runs the same command), a worker that stopped
     first left the chief's step waiting for its gradients for ever, past
     the chief's own budget, without a final checkpoint."""
-    if self.role is not Role.WORKER or not self.cluster.sync_replicas:
-      return True
-    logging.info('--max_run_seconds=%g is the chief\'s in a synchronous run: '
-                 'this worker stops when the chief does',
-                 self.spec.run_options.max_run_seconds)
-    return False
+    return self.role is not Role.WORKER or not self.cluster.sync_replicas
+
+  def budget_deadline(self):
+    """When --max_run_seconds ends this task (time.time()), or None."""
+    seconds = self.spec.run_options.max_run_seconds
+    if not seconds or not self._keeps_its_own_budget():
+      return None
+    return self.start + seconds
 
   def _validator(self, events):
     """The Validator of the run's validation state."""
