@@ -1152,6 +1152,25 @@ def test_chief_stopped_early_stops_the_workers(tmp_path, records, processes):
   assert code == 2 and 'restart the ps tasks' in again['message'], again
 
 
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])
+def test_a_parameter_server_ends_on_a_signal_with_its_result_line(
+    tmp_path, records, processes, sig):
+  """A ps ended on SIGTERM with 143 and no result line, the one task
+  without one; it stops now with its line and exit 0, its normal end."""
+  cluster = LocalCluster(tmp_path, records, processes, 10,
+                         '--result_json=%s' % (tmp_path / 'ps.json'))
+  proc = cluster.start('ps', 0)
+  cluster.wait_for_line('ps0', 'serving on')
+  proc.send_signal(sig)
+  code, result = cluster.finish('ps0', timeout=30)
+  name = signal.Signals(sig).name
+  assert code == 0, result
+  assert result['status'] == 'ok'
+  assert result['stop_reason'] == 'signal:' + name
+  assert result['message'].startswith('parameter server 0 (127.0.0.1:')
+  assert json.loads((tmp_path / 'ps.json').read_text()) == result
+
+
 def test_launch_script_is_shellcheck_clean(repo_dir):
   script = repo_dir / 'scripts' / 'launch_local_cluster.sh'
   assert os.access(script, os.X_OK)

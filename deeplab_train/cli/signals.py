@@ -88,12 +88,6 @@ class ProcessSignals:
                               daemon=True)
     thread.start()
 
-  def uninstall(self):
-    """Default handlers again (e.g. for a parameter server: until killed)."""
-    for sig in SIGNALS:
-      signal.signal(sig, signal.SIG_DFL)
-    signal.set_wakeup_fd(-1)
-
   def connect(self, on_first=None, on_stop_now=None, first_notice=None):
     """Hands the signals to the command's run.
 

@@ -82,7 +82,8 @@ docs/distributed.md) every task runs the same command with its own
     deeplab-train ... --ps_hosts=h0:2222 --worker_hosts=h1:2222,h2:2222 \\
         --job_name=worker --task=0 [--sync_replicas=false]
 
-A ps task serves until killed; worker 0 (the chief) initialises, writes the
+A ps task serves until SIGTERM/SIGINT (then prints its result line, exit 0)
+or SIGKILL; worker 0 (the chief) initialises, writes the
 checkpoints and summaries and holds the logdir lock; the other workers
 report no checkpoint.
 """
@@ -211,7 +212,7 @@ train_options = train_flags.train_options
 
 @dataclasses.dataclass(frozen=True)
 class ServeJob:
-  """A parameter-server task: serves its cluster until killed."""
+  """A parameter-server task: serves its cluster until stopped."""
   cluster: Any
 
 
@@ -320,7 +321,7 @@ def options_from_flags():
 
 
 def run_job(job, start_time, process_signals=None, result_json=None):
-  """Serves (a ps task, until killed) or trains; returns the RunResult.
+  """Serves (a ps task, until a signal) or trains; returns the RunResult.
 
   Args:
     job: a ServeJob or TrainJob.
@@ -339,13 +340,14 @@ def run_job(job, start_time, process_signals=None, result_json=None):
   from deeplab_train.train import inputs
   if isinstance(job, ServeJob):
     if process_signals is not None:
-      process_signals.uninstall()  # a ps task ends when killed
       if process_signals.pending:
         return result_lib.RunResult(
             'ok', result_lib.SIGNAL_PREFIX + process_signals.pending,
             seconds=time.time() - start_time,
             message='stopped before serving (%s)' % process_signals.pending)
-    cluster_lib.serve(job.cluster)  # until killed
+      _end_serving_on_signals(process_signals, job.cluster, start_time,
+                              result_json)
+    cluster_lib.serve(job.cluster)  # until a signal ends the process
   backbone = registry.get(job.model_options.model_variant)
   input_fn = inputs.make_input_fn(
       job.dataset_dir, job.split, job.dataset_info, job.preprocess_options,
@@ -375,6 +377,23 @@ CLUSTER_STOP_GRACE_BEFORE_THE_SESSION_SECS = 5
 WORKER_FIRST_NOTICE = ('%s received: stopping after the current step (the '
                        'chief writes the checkpoints; send it again to stop '
                        'at once)')
+
+
+def _end_serving_on_signals(process_signals, cluster, start_time,
+                            result_json):
+  """A ps task's SIGTERM/SIGINT, its normal end: the result line, exit 0.
+  (Its server's join never hands control back to the main thread; the
+  signals' watching thread ends the process.)"""
+  def stopped(name):
+    result = result_lib.RunResult(
+        'ok', result_lib.SIGNAL_PREFIX + name,
+        seconds=time.time() - start_time,
+        message='parameter server %d (%s) stopped (%s); the chief\'s '
+        'checkpoints hold the run' % (cluster.task, cluster.address, name))
+    _ending_at_once(lambda: report(result, result_json), result.exit_code)
+  process_signals.connect(
+      on_first=stopped, first_notice='%s received: the parameter server '
+      'stops')
 
 
 def _forward_signals(process_signals, run, result_json):

@@ -1,6 +1,6 @@
 """Training across machines on TensorFlow's distributed runtime.
 
-Parameter-server tasks hold the variables and serve until killed; worker
+Parameter-server tasks hold the variables and serve until stopped; worker
 tasks each build the same training graph, towers and all, and run it
 against their own gRPC server. Worker 0 is the chief: it initialises the
 variables (or restores the last checkpoint of the logdir, or runs the
@@ -82,13 +82,15 @@ def start_server(cluster, config=None):
 def serve(cluster, server=None):
   """Runs a parameter server: starts it (unless given) and never returns.
 
-  Call from the main thread: Ctrl-C then ends the process at once (the
-  server's join never hands control back to Python, so a Python handler
-  would never run).
+  The server's join never hands control back to Python, so a Python signal
+  handler would never run: a caller that ends the process on a signal does
+  so from another thread (deeplab-train's signals.py), and without one
+  SIGINT ends the process at once.
   """
   server = server or start_server(cluster)
-  signal.signal(signal.SIGINT, signal.SIG_DFL)
-  logging.info('Parameter server %d serving on %s until killed',
+  if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+  logging.info('Parameter server %d serving on %s until stopped',
                cluster.task, cluster.address)
   server.join()
 
