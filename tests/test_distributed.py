@@ -502,8 +502,8 @@ def test_a_worker_with_options_other_than_the_chiefs_refuses_to_train(
   with cluster_session.noticing_waits(worker) as waits:
     stopping = start_worker({'waits': waits, 'should_stop': stop.is_set})
     early = start_worker()
-    time.sleep(0.5)
-    assert waits.ps_reached.is_set()
+    # (A fixed 0.5 s sleep was too short on a loaded machine.)
+    assert waits.ps_reached.wait(timeout=timeouts.HANG_SECONDS)
     stop.set()
     stopping['thread'].join(timeout=timeouts.HANG_SECONDS)
   assert isinstance(stopping.get('error'),
@@ -1169,6 +1169,25 @@ def test_a_parameter_server_ends_on_a_signal_with_its_result_line(
   assert result['stop_reason'] == 'signal:' + name
   assert result['message'].startswith('parameter server 0 (127.0.0.1:')
   assert json.loads((tmp_path / 'ps.json').read_text()) == result
+
+
+def test_a_worker_waiting_for_a_chief_that_never_comes_stops_on_its_budget(
+    tmp_path, records, processes):
+  """A synchronous worker leaves its --max_run_seconds to the chief, and so
+  waited for ever for a chief that was never started (or without a budget
+  for two hours, then a traceback). Before its session it has no share in
+  a step: it stops on its own budget, having trained nothing."""
+  cluster = LocalCluster(tmp_path, records, processes, 10,
+                         '--max_run_seconds=6')
+  cluster.start('ps', 0)
+  cluster.start('worker', 1)
+  code, result = cluster.finish('worker1', timeout=120)
+  assert code == 0, result
+  assert result['stop_reason'] == 'time_budget'
+  assert result['global_step'] is None and result['checkpoint'] is None
+  assert 'while waiting for the chief' in result['message']
+  assert 6 <= result['seconds'] < 60
+  assert 'Waiting for the chief to initialise' in cluster.log('worker1')
 
 
 def test_launch_script_is_shellcheck_clean(repo_dir):

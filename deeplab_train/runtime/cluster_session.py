@@ -280,7 +280,7 @@ class _WorkerSessionCreator(tf.train.SessionCreator):
         noticed = now
         logging.info('Still waiting: %s', _waiting_for(text, age, live,
                                                        missing))
-      if now - start > self._max_wait_secs:
+      if self._max_wait_secs is not None and now - start > self._max_wait_secs:
         raise tf.errors.DeadlineExceededError(
             None, None, 'the model was not ready after %d s'
             % self._max_wait_secs)
@@ -381,7 +381,7 @@ def noticing_waits(cluster, every=WAIT_NOTICE_SECS):
 
 
 def session_creator(cluster, scaffold, master, config, checkpoint_dir,
-                    options, max_wait_secs=7200,
+                    options, max_wait_secs=None,
                     recovery_wait_secs=RECOVERY_WAIT_SECS,
                     heartbeat_secs=HEARTBEAT_SECS, stale_secs=STALE_SECS,
                     waits=None, should_stop=None, finished=None):
@@ -398,7 +398,9 @@ def session_creator(cluster, scaffold, master, config, checkpoint_dir,
     config: its session ConfigProto (see `session_config`).
     checkpoint_dir: the train logdir.
     options: the ChiefOptions of this task, in the training graph.
-    max_wait_secs: how long a non-chief waits for the chief.
+    max_wait_secs: how long a non-chief waits for the chief (None: until
+      `should_stop`, as a task waits for a ps that is gone; TensorFlow's
+      SessionManager gave up after two hours with a traceback).
     recovery_wait_secs: seconds between its checks.
     heartbeat_secs: seconds between two heartbeats of the chief.
     stale_secs: a heartbeat older than this is a chief that stopped; a

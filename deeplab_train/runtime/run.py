@@ -528,7 +528,7 @@ class TrainingRun:
         self.cluster, g.scaffold, self.master,
         cluster_session.session_config(self.cluster, session_config), logdir,
         options, waits=waits,
-        should_stop=lambda: self.stop.reason is not None,
+        should_stop=self._stops_waiting,
         finished=(None if last_step is None else
                   lambda session: session.run(g.global_step) >= last_step))
     if not self.role.decides_weights:
@@ -537,6 +537,16 @@ class TrainingRun:
     return tf.train.MonitoredSession(
         session_creator=creator, hooks=hook_list,
         stop_grace_period_secs=cluster_lib.STOP_GRACE_SECS)
+
+  def _stops_waiting(self):
+    """Whether a non-chief worker still waiting for the chief stops: it was
+    asked to, or its --max_run_seconds passed. A synchronous worker's too:
+    before its session it has no share in a step, and nobody waits for it
+    (it waited for ever for a chief that did not come)."""
+    seconds = self.spec.run_options.max_run_seconds
+    if seconds and self.elapsed() >= seconds:
+      self.stop.request(hooks_lib.TIME_BUDGET)
+    return self.stop.reason is not None
 
   def _session_loop(self, g, last_step, target, start_step):
     logdir = self.spec.run_options.train_logdir
