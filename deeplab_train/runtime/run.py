@@ -432,7 +432,8 @@ class TrainingRun:
     budget = None
     if run_options.max_run_seconds and not self._keeps_its_own_budget():
       logging.info('--max_run_seconds=%g is the chief\'s in a synchronous '
-                   'run: this worker stops when the chief does',
+                   'run: once it trains, this worker stops when the chief '
+                   'does (until then, on its own budget)',
                    run_options.max_run_seconds)
     elif run_options.max_run_seconds:
       budget = hooks_lib.TimeBudgetHook(run_options.max_run_seconds,
