@@ -4,6 +4,7 @@ stopping, a kill -9 then a resume, and the flags' checks."""
 import json
 import logging
 import os
+import signal
 
 from absl import flags
 import pytest
@@ -350,10 +351,20 @@ def test_an_evaluation_lost_to_a_full_disk_is_scored_by_the_next_run(
   assert [r['step'] for r in _history(logdir)] == [2]
 
   monkeypatch.setattr(validation, 'write_history', write_history)
+  # A SIGTERM during that scoring: the scoring is kept, and the signal is
+  # the stop reason (it was reported as 'nothing_to_do').
+  score = validation.Validator.score
+
+  def signalled_while_scoring(self, checkpoint, step):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return score(self, checkpoint, step)
+  monkeypatch.setattr(validation.Validator, 'score', signalled_while_scoring)
   code, result = _main(args)
-  assert code == 0 and result['stop_reason'] == 'nothing_to_do', result
+  monkeypatch.setattr(validation.Validator, 'score', score)
+  assert code == 0 and result['stop_reason'] == 'signal:SIGTERM', result
   assert 'scored step 3, which the run that saved it did not' in (
       result['message'])
+  assert result['message'].endswith('(signal:SIGTERM during the scoring)')
   assert [r['step'] for r in _history(logdir)] == [2, 3]
   assert _best(logdir)['step'] == 2   # an equal mIoU does not replace it
   # Once scored, it is not scored again.

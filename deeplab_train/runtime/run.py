@@ -270,17 +270,24 @@ class TrainingRun:
     if start_step >= target:
       scored = ''
       if latest and self.role.decides_weights and spec.run_options.validates:
+        if self.stop.reason:
+          return self._stopped_before_training(start_step, latest)
         failed, scored = self._score_unscored(latest, start_step)
         if failed is not None:
           return failed
+      # A signal during that scoring is the run's stop reason (it was
+      # 'nothing_to_do' as if none had come).
+      stopped = (' (%s during the scoring)' % self.stop.reason
+                 if scored and self.stop.reason else '')
       detail = errors.Message(
           'nothing to do: %s is at step %d, '
-          '{TrainOptions.training_number_of_steps}=%d%s',
-          spec.run_options.train_logdir, start_step, target, scored)
+          '{TrainOptions.training_number_of_steps}=%d%s%s',
+          spec.run_options.train_logdir, start_step, target, scored, stopped)
       if self.cluster is not None and self.role.decides_weights:
         self._hand_over_finished_run(init)
       logging.info('%s', detail)
-      return self._result('ok', 'nothing_to_do', global_step=start_step,
+      return self._result('ok', self.stop.reason if stopped else
+                          'nothing_to_do', global_step=start_step,
                           checkpoint=latest, detail=detail)
     if self.role.decides_weights and spec.run_options.validates:
       if (latest and start_step and
