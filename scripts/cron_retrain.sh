@@ -376,17 +376,15 @@ on_exit() {
   rm -rf "${CLEANUP[@]}"
   if ((!FINISHED)); then
     FINISHED=1
-    local note
-    note=$(switched_note)
-    log "failed: unexpected error (exit status $rc), see the messages above$note"
-    # This line has only status, exit code and log, as it always had, but
-    # for what the round left in use.
-    FACTS=()
-    if [[ -n $note ]]; then
-      report "$EXIT_FAILURE" failed "unexpected error (exit status $rc)$note"
-    else
-      report "$EXIT_FAILURE" failed
+    local message="unexpected error (exit status $rc"
+    if [[ -n ${FAILED_AT:-} && ${FAILED_RC:-} == "$rc" ]]; then
+      message+=" at $SCRIPT_NAME $FAILED_AT"
     fi
+    message+="), see the log$(switched_note)"
+    log "failed: $message"
+    # The facts of a round that ended half-way are left out.
+    FACTS=()
+    report "$EXIT_FAILURE" failed "$message"
     exit "$EXIT_FAILURE"
   fi
 }
@@ -533,6 +531,10 @@ main() {
   set_paths
   open_log
   trap on_exit EXIT
+  # Where an unguarded command failed (set -e then ends the round), for
+  # the summary's message; -E: also inside functions.
+  set -E
+  trap 'FAILED_RC=$?; FAILED_AT="line $LINENO: $BASH_COMMAND"' ERR
   # The running command finishes first (deeplab-train saves a checkpoint on
   # SIGTERM), then the round ends as a failure (exit 1).
   trap 'interrupted TERM' TERM

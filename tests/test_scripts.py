@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -1045,6 +1046,28 @@ def test_cron_failing_after_a_switch_and_a_repeated_stamp(tmp_path):
   assert sorted(os.listdir(cron.work / 'tfrecords')) == [
       os.path.basename(records)]
   assert (cron.work / records / 'dataset.json').is_file()
+
+
+def test_cron_unexpected_failure_names_the_command_in_the_summary(tmp_path):
+  """A command the script runs unguarded failing (set -e ends the round)
+  gave a summary line with no message at all."""
+  cron = Cron(tmp_path)
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  stub = bin_dir / 'mv'
+  stub.write_text(
+      '#!/bin/bash\nif [[ " $* " == *"/.tmp-"* ]]; then\n'
+      '  echo "mv: cannot move: Permission denied" >&2; exit 1\nfi\n'
+      'exec /bin/mv "$@"\n')
+  stub.chmod(0o755)
+  proc, summary = cron.run(PATH='%s%s%s' % (
+      bin_dir, os.pathsep, fake_voc.script_env()['PATH']))
+  assert proc.returncode == 1, fake_voc.describe(proc)
+  assert summary['status'] == 'failed'
+  assert re.fullmatch(
+      r'unexpected error \(exit status 1 at cron_retrain\.sh line \d+: '
+      r'mv -T .*\), see the log', summary['message']), summary
+  assert 'Permission denied' in cron.log_of(summary)
 
 
 @pytest.mark.slow
