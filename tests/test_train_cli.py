@@ -48,9 +48,10 @@ def _args(tmp_path, records, *extra):
 @pytest.mark.parametrize('extra,message', [
     (['--train_batch_size=3', '--num_clones=2'],
      '--train_batch_size=3 is not divisible by --num_clones=2'),
-    (['--train_crop_size=64,64'],
-     'nearest valid size for 64: 49 or 65'),
-    (['--train_crop_size=33,40'], 'nearest valid size for 40: 33 or 49'),
+    (['--train_crop_size=16,33'],
+     '--train_crop_size=16,33 does not fit --output_stride=16: each size '
+     'must be larger than the stride, best a multiple of it plus 1; nearest '
+     'valid size for 16: (none below) or 17'),
     (['--train_split=nope'], 'nope'),
     (['--label_weights=1', '--label_weights=2'],
      '--label_weights has 2 values but the dataset has 5 classes'),
@@ -391,6 +392,25 @@ def test_values_that_trained_wrong_or_failed_late_are_refused(model, train,
   assert str(error.value).startswith(message)
 
 
+def test_a_crop_off_the_stride_trains_as_in_the_original_with_a_warning(
+    tmp_path, records, caplog):
+  """512,512 (common with the original, which trains it) was refused: the
+  users' scripts stopped with exit 2."""
+  args = _args(tmp_path, records, '--train_crop_size=32,40',
+               '--decoder_output_stride=4', '--training_number_of_steps=2')
+  with caplog.at_level('WARNING'):
+    code, result = _main(args)
+  assert (code, result['global_step']) == (0, 2), result
+  assert ('--train_crop_size=32,40 is not a multiple of --output_stride=16 '
+          'plus 1: the upsampled logits lie off their features on the '
+          'labels, by up to 15 pixels at the far edge (the original trains '
+          'it so too); the nearest aligned sizes for 32: 17 or 33; for 40: '
+          '33 or 49') in caplog.text
+  assert config.check_training_setup(
+      config.ModelOptions(crop_size=(513, 513)),
+      config.TrainOptions(fine_tune_batch_norm=False)) == []
+
+
 def test_a_crop_no_larger_than_the_output_stride_is_refused():
   """1 = 0 x 16 + 1 passed the rule, then the loss diverged."""
   with pytest.raises(config.ConfigError, match='crop_size=1,1 does not fit '
@@ -662,10 +682,10 @@ def test_library_errors_name_fields_and_commands_show_flags():
       'deeplab-export': '--crop_size must be HEIGHT,WIDTH with positive '
                         'values, got 0,5'}
   with pytest.raises(config.ConfigError) as error:
-    config.check_training_setup(config.ModelOptions(crop_size=(64, 64)),
+    config.check_training_setup(config.ModelOptions(crop_size=(9, 64)),
                                 config.TrainOptions())
   assert app.user_message(error.value, train_cli.FLAG_NAMES).startswith(
-      '--train_crop_size=64,64 does not fit --output_stride=16')
+      '--train_crop_size=9,64 does not fit --output_stride=16')
 
 
 def test_values_are_never_read_as_field_references():

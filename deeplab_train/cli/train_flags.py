@@ -141,8 +141,8 @@ _AUGMENTATION_TABLE = (
     ('string', 'train_split', 'train',
      'Which split of the dataset to be used for training.'),
     ('list', 'train_crop_size', '513,513',
-     'Image crop size [height, width] during training; each a multiple of '
-     'output_stride plus 1.'),
+     'Image crop size [height, width] during training; best each a '
+     'multiple of output_stride plus 1 (others get a warning).'),
     ('float', 'min_scale_factor', 0.5,
      'Mininum scale factor for data augmentation.'),
     ('float', 'max_scale_factor', 2.,

@@ -194,28 +194,42 @@ def check_training_setup(model_options, train_options, towers_on_cpu=False):
     config.errors.render).
 
   Raises:
-    ConfigError: crop sizes that do not fit the output stride, or label
+    ConfigError: crop sizes no larger than the output stride, or label
       weights that do not match the class count.
   """
   stride = model_options.output_stride
+  sizes = ','.join(str(s) for s in model_options.crop_size or ())
+  unaligned, off = [], 0
   for size in model_options.crop_size or ():
+    lo, hi = valid_crop_sizes_near(size, stride)
     # 1 (= 0 * stride + 1) leaves the network no feature to learn from.
-    if (size - 1) % stride or size <= stride:
-      lo, hi = valid_crop_sizes_near(size, stride)
-      sizes = ','.join(str(s) for s in model_options.crop_size)
+    if size <= stride:
       raise ConfigError(
           '{ModelOptions.crop_size}=%s does not fit '
-          '{ModelOptions.output_stride}=%d: each size must be a multiple of '
-          '%d plus 1 so that features stay aligned with the labels; nearest '
-          'valid size for %d: %s or %d'
-          % (sizes, stride, stride, size, lo if lo > 1 else '(none below)',
-             hi))
+          '{ModelOptions.output_stride}=%d: each size must be larger than '
+          'the stride, best a multiple of it plus 1; nearest valid size '
+          'for %d: %s or %d'
+          % (sizes, stride, size, lo if lo > stride else '(none below)', hi))
+    near = '%d: %d or %d' % (size, lo, hi)
+    if (size - 1) % stride and near not in unaligned:
+      unaligned.append(near)
+      # ceil(size / stride) features, the last one's field centred at
+      # stride * (that - 1); the upsampling puts it at size - 1.
+      off = max(off, size - 1 - stride * (-(-size // stride) - 1))
+  warnings = []
+  if unaligned:
+    # The original trains such crops (512,512 is common).
+    warnings.append(
+        '{ModelOptions.crop_size}=%s is not a multiple of '
+        '{ModelOptions.output_stride}=%d plus 1: the upsampled logits lie '
+        'off their features on the labels, by up to %d pixels at the far '
+        'edge (the original trains it so too); the nearest aligned sizes '
+        'for %s' % (sizes, stride, off, '; for '.join(unaligned)))
   weights = train_options.label_weights
   check(weights is None or len(weights) == model_options.num_classes,
         '{TrainOptions.label_weights} has %d values but the dataset has %d '
         'classes: give one weight per class'
         % (len(weights or ()), model_options.num_classes))
-  warnings = []
   if (train_options.fine_tune_batch_norm
       and train_options.clone_batch_size < MIN_BATCH_NORM_IMAGES):
     warnings.append(
