@@ -194,3 +194,23 @@ def test_unknown_legend_mode_is_refused_as_the_flag():
     config.VisOptions(legend='below').validate()
   assert app.user_message(e.value, vis_cli.FLAG_NAMES).startswith(
       '--vis_legend must be one of none/on_image/file')
+
+
+def test_names_beyond_ascii_are_drawn_or_named_in_a_warning(caplog):
+  """Pillow's default font draws ASCII only: 'Pâté', 'кошка' or '猫' came
+  out as boxes in legend.png without a word. A system font that draws them
+  is taken (fontconfig), and what none draws is named."""
+  ascii_font = legend._font(['0 person 12.5%'])  # pylint: disable=protected-access
+  assert ascii_font.getname() == legend.ImageFont.load_default().getname()
+  assert legend._lacking(ascii_font, set('Pâté'))   # pylint: disable=protected-access
+  no_glyph = '\U0010fffd'   # private use: no font has it
+  with caplog.at_level('WARNING'):
+    for name in ('Pâté', 'кошка', '猫', 'x' + no_glyph):
+      font = legend._font([name])  # pylint: disable=protected-access
+      lacking = legend._lacking(font, set(name))  # pylint: disable=protected-access
+      for char in lacking:
+        assert 'no font found here draws' in caplog.text, name
+        assert char in caplog.text, name
+      assert no_glyph not in name or lacking == [no_glyph]
+    image = legend.legend_image([legend.LegendEntry(0, 'Pâté', (255, 0, 0))])
+  assert image.size[0] > 2 * legend.PAD

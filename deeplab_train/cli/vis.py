@@ -15,7 +15,9 @@ PNG by a strip listing the classes present (swatch, id, name, pixel share,
 largest first); 'file' writes VIS_LOGDIR/legend.png listing every class and
 leaves the per-image PNGs as they are; 'none' (default) draws no legend.
 Class names come from the dataset ('class N' when it names none); the raw
-class-id PNGs never get a legend.
+class-id PNGs never get a legend. Names beyond ASCII are drawn with a system
+font that has them (found with fontconfig's fc-match); characters no font
+here draws are named in a warning.
 
 --exported_model=PATH (a frozen .pb, a SavedModel folder or a .tflite file)
 draws with what deeplab-export wrote instead of a checkpoint. Its options
