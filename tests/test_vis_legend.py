@@ -3,11 +3,14 @@ import os
 
 import numpy as np
 from PIL import Image
+from PIL import ImageFont
 import pytest
 
 from deeplab_train import config
 from deeplab_train.data import colormap
 from deeplab_train.data import datasets
+from deeplab_train.evaluation import confusion
+from deeplab_train.evaluation import fonts
 from deeplab_train.evaluation import legend
 from deeplab_train.evaluation import vis
 
@@ -198,19 +201,21 @@ def test_unknown_legend_mode_is_refused_as_the_flag():
 
 def test_names_beyond_ascii_are_drawn_or_named_in_a_warning(caplog):
   """Pillow's default font draws ASCII only: 'Pâté', 'кошка' or '猫' came
-  out as boxes in legend.png without a word. A system font that draws them
-  is taken (fontconfig), and what none draws is named."""
-  ascii_font = legend._font(['0 person 12.5%'])  # pylint: disable=protected-access
-  assert ascii_font.getname() == legend.ImageFont.load_default().getname()
-  assert legend._lacking(ascii_font, set('Pâté'))   # pylint: disable=protected-access
+  out as boxes in legend.png and eval's confusion_matrix.png without a
+  word. A system font that draws them is taken (fontconfig), and what none
+  draws is named."""
+  ascii_font = fonts.font_for(['0 person 12.5%'])
+  assert ascii_font.getname() == ImageFont.load_default().getname()
+  assert fonts.lacking(ascii_font, set('Pâté'))
   no_glyph = '\U0010fffd'   # private use: no font has it
   with caplog.at_level('WARNING'):
     for name in ('Pâté', 'кошка', '猫', 'x' + no_glyph):
-      font = legend._font([name])  # pylint: disable=protected-access
-      lacking = legend._lacking(font, set(name))  # pylint: disable=protected-access
+      lacking = fonts.lacking(fonts.font_for([name]), set(name))
       for char in lacking:
         assert 'no font found here draws' in caplog.text, name
         assert char in caplog.text, name
       assert no_glyph not in name or lacking == [no_glyph]
     image = legend.legend_image([legend.LegendEntry(0, 'Pâté', (255, 0, 0))])
-  assert image.size[0] > 2 * legend.PAD
+    heatmap = confusion.heatmap_image(np.eye(2, dtype=np.int64),
+                                      ['Pâté', 'кошка'])
+  assert image.size[0] > 2 * legend.PAD and heatmap.size[0] > 0

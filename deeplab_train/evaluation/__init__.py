@@ -9,4 +9,5 @@
   eval_loop   run-once and follow-a-logdir evaluation, tables, JSON, summaries
   vis         coloured prediction PNGs, raw label PNGs, overlays
   legend      the colour legend of the classes (on the PNGs or legend.png)
+  fonts       the font class names are drawn with (legends, the heatmap)
 """

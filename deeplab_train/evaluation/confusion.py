@@ -18,9 +18,9 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 from PIL import Image
 from PIL import ImageDraw
-from PIL import ImageFont
 
 from deeplab_train import atomic
+from deeplab_train.evaluation import fonts
 
 # Heatmap colours: share 0 -> white, share 1 -> dark blue.
 _WHITE = np.array([255, 255, 255], np.float64)
@@ -173,7 +173,6 @@ def heatmap_image(counts, class_names=None, title=None):
   counts = _square(counts)
   n = counts.shape[0]
   names = class_labels(n, class_names)
-  font = ImageFont.load_default()
   cell = _LARGE_CELL if n <= _MAX_CLASSES_WITH_TEXT else _SMALL_CELL
   shares = row_normalised(counts)
   no_ground_truth = counts.sum(axis=1) == 0
@@ -182,6 +181,7 @@ def heatmap_image(counts, class_names=None, title=None):
              "cell: % of the row's ground-truth pixels predicted as the "
              'column' +
              ('; grey: no ground truth' if no_ground_truth.any() else '')]
+  font = fonts.font_for(labels + caption)
   line = _text_height(font) + 4
   label_width = max(_text_width(font, text) for text in labels) + 2 * _PAD
   matrix = _matrix_pixels(shares, no_ground_truth, cell)

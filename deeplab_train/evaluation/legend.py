@@ -10,17 +10,11 @@ Pure numpy / Pillow, no TensorFlow:
 A row reads 'ID NAME' and, for the classes of one prediction, the share of
 its pixels ('15 person 23.4%'). Rows run top to bottom and wrap into further
 columns when a height is given, so a legend beside an image keeps the image's
-height whenever one row fits. Text uses Pillow's default font, which
-draws Latin letters only; for names in other scripts a system font that
-draws them is looked up with fontconfig (`fc-match`), and the characters
-none draws are named in a warning (they show as boxes). `layout` gives the
-swatch boxes, so tests (and callers) need not depend on how the font
-renders.
+height whenever one row fits. Text uses Pillow's default font, or a
+system font for names it cannot draw (fonts.py). `layout` gives the swatch
+boxes, so tests (and callers) need not depend on how the font renders.
 """
 import functools
-import logging
-import shutil
-import subprocess
 from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -29,6 +23,7 @@ from PIL import ImageDraw
 from PIL import ImageFont
 
 from deeplab_train.data import colormap as colormap_lib
+from deeplab_train.evaluation import fonts
 
 PAD = 4  # margin around the legend, and between columns (twice)
 SWATCH = 14  # swatch side in pixels, its border included
@@ -152,86 +147,6 @@ def entry_text(entry):
   return text + ' %.1f%%' % (100.0 * entry.share)
 
 
-# A private-use code point no font draws: what a missing glyph looks like.
-_NO_GLYPH = '\U0010fffd'
-
-_log = logging.getLogger(__name__)
-
-
-def _font(texts=()):
-  """The font for `texts`: Pillow's default, or a system font that draws
-  the characters it lacks."""
-  lacking = frozenset(c for c in set(''.join(texts)) if _default_lacks(c))
-  return _font_for(lacking) if lacking else ImageFont.load_default()
-
-
-@functools.lru_cache(maxsize=None)
-def _default_lacks(char):
-  return bool(_lacking(ImageFont.load_default(), char))
-
-
-# The characters a warning named already (once each per process: the
-# classes present change from one image's legend to the next).
-_warned = set()
-
-
-@functools.lru_cache(maxsize=None)
-def _font_for(chars):
-  """The font lacking the fewest of `chars` (which Pillow's default
-  lacks): the first of fontconfig's best fonts for them with fewer."""
-  font = ImageFont.load_default()
-  lacking = sorted(chars)
-  for path in _system_fonts(lacking):
-    try:
-      other = ImageFont.truetype(path, font.size)
-    except (OSError, ValueError):
-      continue
-    still = _lacking(other, chars)
-    if len(still) < len(lacking):
-      font, lacking = other, still
-    if not lacking:
-      break
-  news = [c for c in lacking if c not in _warned]
-  if news:
-    _warned.update(news)
-    _log.warning('no font found here draws %s of the class names: they '
-                 'show as boxes in the legend; install a font that has them '
-                 '(e.g. Noto)', ' '.join(news))
-  return font
-
-
-def _lacking(font, chars):
-  """The characters of `chars` `font` draws as it draws no glyph, sorted
-  (none for a font without FreeType, see `_drawable`)."""
-  if not isinstance(font, ImageFont.FreeTypeFont):
-    return []
-  missing = _pixels(font, _NO_GLYPH)
-  return sorted(c for c in chars if c == _NO_GLYPH or (
-      not c.isspace() and np.array_equal(_pixels(font, c), missing)))
-
-
-def _pixels(font, char):
-  left, top, right, bottom = font.getbbox(char)
-  image = Image.new('L', (max(1, right - left), max(1, bottom - top)))
-  ImageDraw.Draw(image).text((-left, -top), char, fill=255, font=font)
-  return np.asarray(image)
-
-
-def _system_fonts(chars):
-  """Font files fontconfig finds best for `chars` (none without it)."""
-  fc_match = shutil.which('fc-match')
-  if fc_match is None:
-    return []
-  charset = ' '.join('%x' % ord(c) for c in chars)
-  try:
-    found = subprocess.run(
-        [fc_match, '--sort', '--format=%{file}\n', ':charset=' + charset],
-        capture_output=True, text=True, timeout=10, check=False)
-  except (OSError, subprocess.SubprocessError):
-    return []
-  return [line for line in found.stdout.splitlines() if line][:5]
-
-
 def _drawable(text, font):
   # Pillow's bitmap fallback font (no FreeType) only has Latin-1 glyphs.
   if isinstance(font, ImageFont.FreeTypeFont):
@@ -259,7 +174,7 @@ def layout(entries, max_height=None):
   Returns:
     A Layout.
   """
-  font = _font(entry_text(e) for e in entries)
+  font = fonts.font_for(entry_text(e) for e in entries)
   text_height = _text_height(font)
   row_height = max(SWATCH, text_height)
   pitch = row_height + ROW_GAP
@@ -299,7 +214,7 @@ def legend_image(entries, max_height=None):
   placed = layout(entries, max_height)
   image = Image.new('RGB', placed.size, BACKGROUND)
   draw = ImageDraw.Draw(image)
-  font = _font(entry_text(e) for e in entries)
+  font = fonts.font_for(entry_text(e) for e in entries)
   for entry, box, (x, y, text) in zip(entries, placed.swatches, placed.texts):
     left, top, right, bottom = box
     draw.rectangle((left, top, right - 1, bottom - 1),
