@@ -286,14 +286,23 @@ def checkpoint_reader(prefix):
 
   Raises:
     CheckpointGoneError: its files were deleted meanwhile.
+    DamagedCheckpointError: its .index cannot be read (a damaged or cut
+      short file: "not an sstable (bad magic number)", a traceback before).
   """
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   path = read_path(prefix)
   try:
     return tf.train.load_checkpoint(path)
-  except (tf.errors.OpError, ValueError):
+  except (tf.errors.OpError, ValueError) as e:
     _check_files(path, prefix, tf)
-    raise
+    if isinstance(e, (ValueError, tf.errors.NotFoundError,
+                      tf.errors.PermissionDeniedError)):
+      raise
+    reason = (e.message or str(e)).strip().splitlines()[-1].strip()
+    raise DamagedCheckpointError(
+        'checkpoint %s cannot be read: its .index file is damaged or cut '
+        'short (%s); use another checkpoint or copy this one again', prefix,
+        reason) from None
 
 
 # The ranges quantisation-aware training (the original's

@@ -353,6 +353,28 @@ def test_damaged_checkpoint_is_named_not_a_traceback(tiny_ckpt, tmp_path,
       predictor.restore(damaged)
 
 
+@pytest.mark.parametrize('keep', [0, 300])
+def test_damaged_checkpoint_index_is_named_not_a_traceback(
+    tiny_ckpt, tmp_path, capsys, keep):
+  """An .index cut short (or empty) was TensorFlow's 'not an sstable (bad
+  magic number)' with a traceback, exit 1, in export and eval."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  folder = str(tmp_path / 'train')
+  shutil.copytree(os.path.dirname(tiny_ckpt), folder)
+  damaged = os.path.join(folder, os.path.basename(tiny_ckpt))
+  with open(damaged + '.index', 'rb') as f:
+    content = f.read()
+  with open(damaged + '.index', 'wb') as f:
+    f.write(content[:keep])
+  pb = str(tmp_path / 'x.pb')
+  assert et.run_cli(export_cli, ['--checkpoint_path=' + damaged,
+                                 '--export_path=' + pb]) == 2
+  err = capsys.readouterr().err
+  assert ('checkpoint %s cannot be read: its .index file is damaged or cut '
+          'short (' % damaged) in err
+  assert 'Traceback' not in err and not os.path.exists(pb)
+
+
 def test_folder_without_checkpoints_names_the_flag(tmp_path, capsys):
   """Before, the message told an export to set --checkpoint_dir, a flag
   deeplab-export does not have."""
