@@ -197,9 +197,26 @@ def test_outputs_that_would_replace_one_another_or_other_files_are_refused(
       'SavedModel' % kept)
   assert refused('--saved_model_dir=%s' % kept,
                  '--export_path=%s/frozen.pb' % kept) == (
-      'deeplab-export: error: --export_path=%s/frozen.pb is inside '
-      '--saved_model_dir=%s, which the export replaces as a whole: put it '
-      'elsewhere' % (kept, kept))
+      'deeplab-export: error: --export_path=%s/frozen.pb is '
+      '--saved_model_dir=%s or inside it, which the export replaces as a '
+      'whole: put it elsewhere' % (kept, kept))
+  # The same path for both ran the whole export, then failed (exit 1).
+  fresh = tmp_path / 'fresh'
+  assert refused('--saved_model_dir=%s' % fresh,
+                 '--tflite_path=%s' % fresh).startswith(
+                     'deeplab-export: error: --tflite_path=%s is '
+                     '--saved_model_dir=%s or inside it' % (fresh, fresh))
+  # A file path ending in a slash failed after the work, exit 1.
+  assert refused('--export_path=%s/new/' % tmp_path) == (
+      'deeplab-export: error: --export_path=%s/new/ ends with a slash, as a '
+      'folder does: give the path of a file you can write (e.g. '
+      '%s/new/model)' % (tmp_path, tmp_path))
+  # Written beside the frozen graph only: without one it was ignored.
+  assert refused('--saved_model_dir=%s' % fresh,
+                 '--save_inference_graph') == (
+      'deeplab-export: error: --save_inference_graph writes '
+      'inference_graph.pbtxt beside the frozen graph: add --export_path')
+  assert not fresh.exists()
   assert refused('--export_path=%s' % same, '--tflite_path=%s' % same) == (
       'deeplab-export: error: --export_path and --tflite_path name the same '
       'file, %s: give each its own path' % same)

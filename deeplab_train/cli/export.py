@@ -150,13 +150,14 @@ def _check_outputs_apart():
   folder = FLAGS.saved_model_dir
   if not folder:
     return
+  where = os.path.realpath(folder)
   inside = [name for name, path in files
-            if path.startswith(os.path.realpath(folder) + os.sep)]
+            if path == where or path.startswith(where + os.sep)]
   if inside:
     raise config.ConfigError(
-        '--%s=%s is inside --saved_model_dir=%s, which the export replaces '
-        'as a whole: put it elsewhere', inside[0], FLAGS[inside[0]].value,
-        folder)
+        '--%s=%s is --saved_model_dir=%s or inside it, which the export '
+        'replaces as a whole: put it elsewhere', inside[0],
+        FLAGS[inside[0]].value, folder)
   foreign = savedmodel.foreign_entries(folder)
   if foreign:
     shown = ', '.join(foreign[:5]) + (', ...' if len(foreign) > 5 else '')
@@ -183,6 +184,11 @@ def options_from_flags():
   if not (FLAGS.export_path or FLAGS.saved_model_dir or FLAGS.tflite_path):
     raise config.ConfigError('--export_path (frozen .pb), --saved_model_dir '
                              'and/or --tflite_path is required')
+  if FLAGS.save_inference_graph and not FLAGS.export_path:
+    # It goes beside the frozen graph: without one it was not written.
+    raise config.ConfigError('--save_inference_graph writes '
+                             'inference_graph.pbtxt beside the frozen graph: '
+                             'add --export_path')
   output_paths.check_output_file('export_path', FLAGS.export_path)
   output_paths.check_output_folder('saved_model_dir', FLAGS.saved_model_dir)
   output_paths.check_output_file('tflite_path', FLAGS.tflite_path)

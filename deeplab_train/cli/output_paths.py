@@ -74,6 +74,10 @@ def check_output_file(flag_name, path):
   if os.path.isdir(path):
     problem = config.ConfigError('--%s=%s is a folder: give ' + what,
                                  flag_name, path)
+  elif path.endswith(('/', os.sep)):
+    problem = config.ConfigError('--%s=%s ends with a slash, as a folder '
+                                 'does: give ' + what + ' (e.g. %smodel)',
+                                 flag_name, path, path)
   elif os.path.exists(path):
     # Replaced by rename: the folder must be writable, not the file.
     folder = os.path.dirname(os.path.abspath(path))
