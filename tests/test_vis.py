@@ -179,7 +179,9 @@ def test_an_image_too_large_for_the_input_is_skipped_like_an_unreadable_one(
     def predict(self, images, names):
       for image, name in zip(images, names):
         if image.shape[0] > 10:
-          raise config.ImageTooLargeError('image %s is too large' % name)
+          raise config.ImageTooLargeError(
+              'image %s is too large for {open_exported.path}=%s', name,
+              'm.tflite')
       return [np.zeros(image.shape[:2], np.int64) for image in images]
 
   def sample(name, size):
@@ -190,7 +192,12 @@ def test_an_image_too_large_for_the_input_is_skipped_like_an_unreadable_one(
   skipped = []
   count = vis.visualize(Fixed(), samples, str(tmp_path), 'pascal',
                         config.VisOptions(), batch_size=2, too_large=skipped)
-  assert skipped == ['big.png (image big.png is too large)']
+  # In the command's terms: the option shown as its flag (it read
+  # 'path=m.tflite').
+  from deeplab_train.cli import app  # pylint: disable=g-import-not-at-top
+  from deeplab_train.cli import vis as vis_cli  # pylint: disable=g-import-not-at-top
+  assert [app.user_message(s, vis_cli.FLAG_NAMES) for s in skipped] == [
+      'big.png (image big.png is too large for --exported_model=m.tflite)']
   assert count == 2   # drawn
   assert sorted(os.listdir(tmp_path / vis.SEMANTIC_FOLDER)) == [
       'a_image.png', 'a_prediction.png', 'c_image.png', 'c_prediction.png']

@@ -267,6 +267,8 @@ def run_vis(job):
                           num_classes=job.model_options.num_classes,
                           too_large=unreadable if job.image_dir else None)
   if unreadable:
+    unreadable = [u if isinstance(u, str) else app.user_message(u, FLAG_NAMES)
+                  for u in unreadable]
     raise config.ConfigError(
         '%d file(s) of --image_dir could not be read or drawn and were '
         'skipped, after %d image(s) were drawn to %s: %s; replace or remove '

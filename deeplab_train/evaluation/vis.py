@@ -256,7 +256,8 @@ def visualize(predictor, samples, vis_logdir, colormap, vis_options,
     class_names: one name per class id for the legend, or None ('class N').
     num_classes: the classes legend.png lists (legend 'file'); None: one
       per class name.
-    too_large: a list to append 'NAME (REASON)' to for each image too large
+    too_large: a list to append 'NAME (REASON)' to (an errors.Message:
+      REASON names option fields) for each image too large
       for the model's fixed input, which is then skipped with a warning;
       None: such an image raises ImageTooLargeError.
 
@@ -303,7 +304,10 @@ def _predicted(predictor, batch, too_large):
       labels.extend(predict([sample]))
     except config.ImageTooLargeError as e:
       _log.warning('skipping %s: %s', sample['name'], e)
-      too_large.append('%s (%s)' % (sample['name'], e))
+      # Kept as a message of option fields: the command shows its flags.
+      reason = e.template if e.values else e.template.replace('%', '%%')
+      too_large.append(errors.Message('%s (' + reason + ')', sample['name'],
+                                      *e.values))
       continue
     kept.append(sample)
   return kept, labels
