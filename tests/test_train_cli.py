@@ -179,6 +179,17 @@ def test_contradicting_model_flag_on_resume(tmp_path, records):
   assert '--depth_multiplier=0.5 (trained with 0.25)' in result['message']
 
 
+def test_an_empty_list_flag_resumes_as_the_none_it_saved(tmp_path, records):
+  """'--decoder_output_stride=' (no decoder, as README's EDGE flags give
+  it) was saved as null, and the same command then contradicted it: a
+  cron job with those flags could never resume."""
+  extra = ('--decoder_output_stride=', '--image_pooling_crop_size=')
+  code, result = _main(tt.tiny_cli_args(tmp_path / 'log', records, 1, *extra))
+  assert (code, result['global_step']) == (0, 1), result
+  code, result = _main(tt.tiny_cli_args(tmp_path / 'log', records, 2, *extra))
+  assert (code, result['global_step']) == (0, 2), result
+
+
 def test_a_checkpoint_of_another_shape_without_saved_options_is_refused(
     tmp_path, records):
   """A logdir without deeplab_config.json (e.g. the original's) takes the

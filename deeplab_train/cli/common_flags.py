@@ -444,7 +444,9 @@ def _conflict(flag, value, saved_value):
 
 def _normalise(value):
   if isinstance(value, (list, tuple)):
-    return tuple(value)
+    # An empty list ('--decoder_output_stride=', README's EDGE flags) is
+    # the saved None: no decoder.
+    return tuple(value) or None
   if isinstance(value, float):
     return round(value, 9)
   return value
