@@ -55,6 +55,10 @@ def _args(tmp_path, records, *extra):
     (['--train_split=nope'], 'nope'),
     (['--label_weights=1', '--label_weights=2'],
      '--label_weights has 2 values but the dataset has 5 classes'),
+    # A comma list, as the other flags the original took repeated (it was
+    # "'1,2,3' is neither a number nor one of auto, ...").
+    (['--label_weights=1,2,3'],
+     '--label_weights has 3 values but the dataset has 5 classes'),
     (['--quantize_delay_step=0'], 'not supported'),
     (['--learning_policy=step', '--learning_rate_decay_step=0'],
      '--learning_rate_decay_step must be >= 1'),

@@ -174,9 +174,10 @@ class _LabelWeightParser(flags.FloatParser):
     return 'float or scheme'
 
 
-flags.DEFINE_multi(
-    _LabelWeightParser(), flags.ArgumentSerializer(), 'label_weights', None,
-    'deeplab-train: one loss weight per class (repeat the flag); unset: all '
+flag_table.define_comma_multi(
+    _LabelWeightParser(), 'label_weights', None,
+    'deeplab-train: one loss weight per class (repeat the flag, or a comma '
+    'list); unset: all '
     '1. Or one of these schemes, deriving the weights from the pixel counts '
     'of --train_split in --dataset_dir/dataset.json (freq_c: class c\'s '
     'share of the labelled pixels, ignore excluded): auto or auto_median: '

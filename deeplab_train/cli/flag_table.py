@@ -33,12 +33,16 @@ class _CommaMultiFlag(flags.MultiFlag):
     return super()._parse(arguments)
 
 
+def define_comma_multi(parser, name, default, help, **extra):  # pylint: disable=redefined-builtin
+  """Defines a multi flag of `parser` values, each given as many times as
+  wanted and each time as one value or a comma list."""
+  flags.DEFINE_flag(_CommaMultiFlag(parser, flags.ArgumentSerializer(), name,
+                                    default, help, **extra))
+
+
 def _define_comma_multi(parser_class):
-  def define_flag(name, default, help, **extra):  # pylint: disable=redefined-builtin
-    flags.DEFINE_flag(_CommaMultiFlag(parser_class(),
-                                      flags.ArgumentSerializer(), name,
-                                      default, help, **extra))
-  return define_flag
+  return lambda name, default, help, **extra: define_comma_multi(  # pylint: disable=redefined-builtin
+      parser_class(), name, default, help, **extra)
 
 
 _DEFINE = {'multi_integer': _define_comma_multi(flags.IntegerParser),
