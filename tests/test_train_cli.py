@@ -60,6 +60,12 @@ def _args(tmp_path, records, *extra):
     (['--label_weights=1,2,3'],
      '--label_weights has 3 values but the dataset has 5 classes'),
     (['--quantize_delay_step=0'], 'not supported'),
+    # README's MV3 flags with a smaller crop: a traceback, exit 1.
+    (['--image_pooling_crop_size=769,769'],
+     '--image_pooling_crop_size=769,769 is larger than '
+     '--train_crop_size=33,33: the image pooling window must fit in the '
+     'crop; give a crop at least that large, or a smaller '
+     '--image_pooling_crop_size'),
     (['--learning_policy=step', '--learning_rate_decay_step=0'],
      '--learning_rate_decay_step must be >= 1'),
     (['--tf_initial_checkpoint=/nonexistent/model.ckpt'],

@@ -149,6 +149,7 @@ class ModelOptions(JsonMixin):
           'e.g. 8,4; got %s' % ','.join(map(str, decoder)))
     check(self.crop_size is None or len(self.crop_size) == 2,
           'crop size must be HEIGHT,WIDTH, got %s' % (self.crop_size,))
+    self._check_pooling_fits()
     check(self.merge_method in MERGE_METHODS, "{ModelOptions.merge_method} "
           "must be 'max' or 'avg', got %r" % self.merge_method)
     check(self.depth_multiplier > 0,
@@ -162,6 +163,21 @@ class ModelOptions(JsonMixin):
     if self.dense_prediction_cell_config is not None:
       self._validate_cell()
     return self
+
+  def _check_pooling_fits(self):
+    """The image pooling's window (over the features of its crop) fits in
+    the features of a fixed crop: TensorFlow's average pooling failed with
+    'Negative dimension size' and a traceback."""
+    pool, crop = self.image_pooling_crop_size, self.crop_size
+    if not pool or crop is None or len(pool) != 2:
+      return
+    features = lambda size: (size - 1) // self.output_stride + 1
+    check(all(features(p) <= features(c) for p, c in zip(pool, crop)),
+          '{ModelOptions.image_pooling_crop_size}=%s is larger than '
+          '{ModelOptions.crop_size}=%s: the image pooling window must fit in '
+          'the crop; give a crop at least that large, or a smaller '
+          '{ModelOptions.image_pooling_crop_size}'
+          % (','.join(map(str, pool)), ','.join(map(str, crop))))
 
   def _validate_mobilenet_v3_head(self):
     """The head options of MobileNetV3 fit the rest of the network."""
