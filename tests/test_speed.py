@@ -745,7 +745,7 @@ def test_onednn_isa_cap_is_read_as_onednn_reads_it():
     ({'TF_ENABLE_ONEDNN_OPTS': '1'}, 'bf16', None),
     ({'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE_BF16'}, 'bf16', None),
     ({'ONEDNN_MAX_CPU_ISA': 'avx512_core_amx'}, 'bf16', None),
-    # bf16 measured slower than fp32 with oneDNN off or below bf16.
+    # No bf16 rewrite with oneDNN off; bf16 measured slower below bf16.
     ({'TF_ENABLE_ONEDNN_OPTS': '0'}, 'none', 'TF_ENABLE_ONEDNN_OPTS=0'),
     ({'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE'}, 'none',
      'ONEDNN_MAX_CPU_ISA=AVX512_CORE'),
@@ -783,9 +783,14 @@ def test_bf16_is_refused_where_onednn_would_abort(monkeypatch):
   assert cpu_lib.bf16_refusal(avx512, {'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE'}) \
       is None
   assert cpu_lib.bf16_refusal(avx2, capped) is None
-  assert cpu_lib.bf16_refusal(
-      avx512, dict(capped, TF_ENABLE_ONEDNN_OPTS='0')) is None
   assert cpu_lib.bf16_refusal(avx512, {}) is None
+  # With oneDNN off the bfloat16 rewrite (its pass) does not happen: a bf16
+  # run trained float32 to the bit, saying bf16 in deeplab_config.json.
+  for cpu in (avx512, avx2):
+    off = cpu_lib.bf16_refusal(cpu, dict(capped, TF_ENABLE_ONEDNN_OPTS='0'))
+    assert off.startswith('TF_ENABLE_ONEDNN_OPTS=0 turns TensorFlow\'s '
+                          'oneDNN kernels off, and with them the bfloat16 '
+                          'rewrite: the run would train in float32')
   # deeplab-bench refuses it before starting a child.
   monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX2')
   monkeypatch.delenv('DNNL_MAX_CPU_ISA', raising=False)

@@ -185,15 +185,14 @@ def onednn_native_bf16(features, environ=None):
 def bf16_held_back(environ=None):
   """Why oneDNN cannot use the CPU's native bfloat16 instructions under
   `environ`, or None. Measured on a 2-core AVX512_BF16 CPU (docs/speed.md,
-  `deeplab-bench --bench_variants=none,bf16`): with oneDNN off, bf16
-  trained 0.94x (mobilenet_v2) and 1.07x (xception_65) fp32's images/s
-  (with it 1.2x and 1.6x); with oneDNN capped at AVX512_CORE 0.5x
-  (mobilenet_v2); below that it aborts (bf16_refusal).
+  `deeplab-bench --bench_variants=none,bf16`): bf16 trained 1.2x
+  (mobilenet_v2) and 1.6x (xception_65) fp32's images/s; with oneDNN
+  capped at AVX512_CORE 0.5x (mobilenet_v2); below that it aborts, and
+  with oneDNN off the rewrite does not happen (bf16_refusal).
   """
   if onednn_off(environ):
     return ('%s=0 turns TensorFlow\'s oneDNN kernels off, and with them '
-            'the native bfloat16 instructions: bf16 trained at 0.94x-1.07x '
-            'fp32\'s speed without them' % ONEDNN_ENV)
+            'the bfloat16 rewrite' % ONEDNN_ENV)
   cap = _capped_below(_NATIVE_BF16, environ)
   if cap:
     return ('%s=%s keeps oneDNN below AVX512_CORE_BF16: bf16 trained at '
@@ -205,12 +204,20 @@ def bf16_refusal(features, environ=None):
   """Why --mixed_precision=bf16 cannot train on a CPU with `features`
   under `environ`, or None.
 
-  On an AVX-512 CPU TensorFlow hands bfloat16 ops to oneDNN, which aborts
-  the process ("terminate called after throwing an instance of
-  'dnnl::error'") when its instructions are capped below AVX512_CORE.
+  The rewrite is oneDNN's: with oneDNN off it does not happen. On an
+  AVX-512 CPU TensorFlow hands bfloat16 ops to oneDNN, which aborts the
+  process ("terminate called after throwing an instance of 'dnnl::error'")
+  when its instructions are capped below AVX512_CORE.
   """
+  if onednn_off(environ):
+    # The bfloat16 rewrite is oneDNN's grappler pass: off with it, a bf16
+    # run trained float32 to the bit (the same losses), saying bf16.
+    return ('%s=0 turns TensorFlow\'s oneDNN kernels off, and with them '
+            'the bfloat16 rewrite: the run would train in float32. Unset '
+            '%s, or train with --mixed_precision=none' % (ONEDNN_ENV,
+                                                         ONEDNN_ENV))
   cap = _capped_below(_AVX512_CORE, environ)
-  if features.get('avx512f') and not onednn_off(environ) and cap:
+  if features.get('avx512f') and cap:
     return ('%s=%s keeps oneDNN below AVX512_CORE, and TensorFlow hands '
             'bfloat16 ops to oneDNN on this AVX-512 CPU: the process would '
             'abort in its first step. Unset %s (or set it to AVX512_CORE_BF16 '
