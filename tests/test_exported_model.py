@@ -295,6 +295,38 @@ def test_eval_of_tflite_model(tiny, checkpoint_miou, checkpoint_labels,
   assert np.mean(got == freeze.run_frozen_graph(frozen, big)[0]) >= 0.95
 
 
+def test_a_tflite_model_resizes_its_input_as_recorded_at_export(tiny,
+                                                                 tmp_path):
+  """A .tflite exported with --max_resize_value was evaluated without the
+  resize unless the flags were given again: deeplab-eval scored another
+  model, exit 0 (the frozen graph resizes inside)."""
+  from deeplab_train.export import tflite  # pylint: disable=g-import-not-at-top
+  options = config.ExportOptions(
+      inference=config.InferenceOptions(crop_size=(41, 41)),
+      max_resize_value=41, with_probabilities=False)
+  model, _ = tflite.convert(tiny['checkpoint'], et.tiny_model_options(),
+                            options, tflite.TfliteOptions())
+  path = tflite.write_tflite(model, str(tmp_path / 'model.tflite'))
+  frozen, _, _ = freeze.freeze(tiny['checkpoint'], et.tiny_model_options(),
+                               options)
+  big = et.tiny_images(seed=3, sizes=((57, 49),))[0][1]
+  with loaded.open_exported(path) as exported:
+    got = exported.predict(big)
+  assert got.shape == (57, 49)
+  assert np.mean(got == freeze.run_frozen_graph(frozen, big)[0]) >= 0.95
+  # The same values given agree; others are refused, naming both.
+  same = config.PreprocessOptions(crop_size=None, max_resize_value=41)
+  with loaded.open_exported(path, resize_options=same) as exported:
+    np.testing.assert_array_equal(exported.predict(big), got)
+  other = config.PreprocessOptions(crop_size=None, min_resize_value=30,
+                                   max_resize_value=41)
+  with pytest.raises(loaded.ExportedModelError,
+                     match='was exported with the resize min_resize_value='
+                     'None, max_resize_value=41, resize_factor=None, and the '
+                     'resize given contradicts it'):
+    loaded.open_exported(path, resize_options=other)
+
+
 def test_default_output_folders_of_two_exports_of_one_name_differ():
   """OUT/model.pb and OUT/model.tflite (a float export and its quantised
   one, compared before shipping) both evaluated into OUT/eval_model: the

@@ -424,10 +424,33 @@ class _TfliteModel(ExportedModel):
           'the TFLite model {open_exported.path}=%s does not record its mean '
           'pixel: give the model variant it was trained with', path)
     self._padding = np.asarray(tflite.padding_value(mean_pixel), np.uint8)
+    resize_options = self._resize(path, resize_options)
     self._resizer = None
     if resize_options is not None and (resize_options.min_resize_value or
                                        resize_options.max_resize_value):
       self._resizer = _Resizer(resize_options)
+
+  def _resize(self, path, given):
+    """The resize of the model's input: the one the file records (the
+    export's), else `given` (PreprocessOptions or None: also for a file
+    exported without one, whose input a caller may shrink to fit). One
+    given that differs from a recorded resize is refused: without the
+    record, such an evaluation skipped the export's resize and scored
+    another model (exit 0)."""
+    recorded = self._runner.resize
+    if not recorded or not any(recorded.values()):
+      return given
+    given_values = {name: getattr(given, name, None)
+                    for name in config.RESIZE_FIELDS}
+    if any(given_values.values()) and given_values != recorded:
+      show = lambda values: ', '.join('%s=%s' % (name, values.get(name))
+                                      for name in config.RESIZE_FIELDS)
+      raise ExportedModelError(
+          'the TFLite model {open_exported.path}=%s was exported with the '
+          'resize %s, and the resize given contradicts it (%s): drop those '
+          'flags; the recorded values are used', path, show(recorded),
+          show(given_values))
+    return config.PreprocessOptions(crop_size=None, **recorded)
 
   def _predict_batch(self, images, names):
     size = images.shape[1:3]

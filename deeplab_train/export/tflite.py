@@ -21,7 +21,8 @@ Quantization (`TfliteOptions.quantize`): 'none' (float32), 'float16'
 'int8' (weights and activations int8, calibrated on images of a split read
 through the eval preprocessing; the uint8 input and int32 labels stay). The
 file carries a small JSON metadata entry ('deeplab_train': num_classes, mean
-pixel, crop size, model variant, quantize) that `TfliteRunner` reads.
+pixel, crop size, model variant, quantize, the resize of its input) that
+`TfliteRunner` reads.
 """
 import dataclasses
 import itertools
@@ -304,7 +305,12 @@ def _metadata(model_options, export_options, tflite_options):
           'mean_pixel': list(registry.mean_pixel(model_options.model_variant)),
           'input_size': list(export_options.inference.crop_size),
           'quantize': tflite_options.quantize,
-          'with_probabilities': export_options.with_probabilities}
+          'with_probabilities': export_options.with_probabilities,
+          # The resize its input needs outside (the other formats resize
+          # inside): without it an evaluation skipped it and scored another
+          # model, exit 0.
+          'resize': {name: getattr(export_options, name)
+                     for name in config.RESIZE_FIELDS}}
 
 
 def add_metadata(model, payload):
@@ -367,6 +373,9 @@ class TfliteRunner:
       (no metadata and no probabilities output).
     mean_pixel: RGB mean pixel of the backbone, or None if unknown.
     metadata: the file's deeplab_train metadata dict, or None.
+    resize: {'min_resize_value': .., 'max_resize_value': ..,
+      'resize_factor': ..} its input needs, or None if the file does not
+      say.
   """
 
   def __init__(self, path, num_threads=None):
@@ -391,9 +400,13 @@ class TfliteRunner:
     self.input_size = tuple(int(v) for v in self._input['shape'][1:3])
     self._batch = int(self._input['shape'][0])
     probs = outputs.get(freeze.PROB_NAME)
+    # The resize its input needs ({field: value}), or None when the file
+    # does not say (exported before it was recorded).
+    self.resize = None
     if self.metadata is not None:
       self.num_classes = self.metadata.get('num_classes')
       self.mean_pixel = tuple(self.metadata.get('mean_pixel') or ()) or None
+      self.resize = self.metadata.get('resize')
     else:
       self.num_classes = int(probs['shape'][-1]) if probs else None
       self.mean_pixel = None
