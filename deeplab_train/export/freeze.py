@@ -151,8 +151,11 @@ def freeze(checkpoint_path, model_options, export_options):
 
 
 def write_frozen_graph(frozen_graph_def, export_path):
-  """Atomically writes a frozen GraphDef to `export_path` (binary .pb)."""
-  return atomic.write_bytes(export_path, frozen_graph_def.SerializeToString())
+  """Atomically writes a frozen GraphDef to `export_path` (binary .pb),
+  the same bytes for the same graph (deterministic: attribute maps in key
+  order; two exports of one checkpoint had other checksums)."""
+  return atomic.write_bytes(
+      export_path, frozen_graph_def.SerializeToString(deterministic=True))
 
 
 def write_inference_graph(graph_def, export_path):
