@@ -15,7 +15,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
+import threading
 
 
 class OutputNotWrittenError(OSError):
@@ -160,15 +162,44 @@ def together():
         _remove(other)
       raise not_written(path, IsADirectoryError(
           errno.EISDIR, os.strerror(errno.EISDIR), path))
-  for i, (tmp, path, replace) in enumerate(pending):
-    try:
-      replace(tmp, path)
-    except BaseException as e:
-      for later, _, _ in pending[i:]:
-        _remove(later)
-      if isinstance(e, OSError):
-        raise not_written(path, e) from None
-      raise
+  with _signals_held():
+    for i, (tmp, path, replace) in enumerate(pending):
+      try:
+        replace(tmp, path)
+      except BaseException as e:
+        for later, _, _ in pending[i:]:
+          _remove(later)
+        if isinstance(e, OSError):
+          raise not_written(path, e) from None
+        raise
+
+
+@contextlib.contextmanager
+def _signals_held():
+  """SIGTERM and SIGINT wait until the block ends, then go to the handler
+  they would have gone to (main thread only). A handler that raises (the
+  commands' Stopped) between two renames of `together` left some outputs
+  new and some as they were."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  held = []
+  previous = {sig: signal.getsignal(sig)
+              for sig in (signal.SIGTERM, signal.SIGINT)}
+  previous = {sig: h for sig, h in previous.items() if h is not None}
+  for sig in previous:
+    signal.signal(sig, lambda signum, frame: held.append(signum))
+  try:
+    yield
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+    if held:
+      handler = previous[held[0]]
+      if callable(handler):
+        handler(held[0], None)
+      elif handler == signal.SIG_DFL:
+        os.kill(os.getpid(), held[0])
 
 
 def _put_in_place(tmp, path, replace):

@@ -275,3 +275,38 @@ def test_a_folder_another_writer_creates_meanwhile_is_replaced(tmp_path,
   assert looks == [False, False]
   assert os.listdir(folder) == ['mine.pb']
   assert sorted(os.listdir(tmp_path)) == ['saved']
+
+
+def test_a_signal_between_the_renames_of_together_waits_for_the_last(
+    tmp_path, monkeypatch):
+  """A SIGTERM between two renames (the commands' handler raises there)
+  left deeplab-export's frozen graph new and its .tflite old, after 'all
+  new or all as they were'."""
+  import signal  # pylint: disable=g-import-not-at-top
+
+  class Stop(Exception):
+    pass
+
+  def stop(signum, frame):
+    del frame
+    raise Stop(signum)
+  paths = [tmp_path / 'a.pb', tmp_path / 'b.tflite']
+  for path in paths:
+    path.write_bytes(b'old')
+  replace = os.replace
+
+  def replace_then_signal(src, dst):
+    replace(src, dst)
+    os.kill(os.getpid(), signal.SIGTERM)
+  previous = signal.signal(signal.SIGTERM, stop)
+  try:
+    with pytest.raises(Stop):
+      with atomic.together():
+        monkeypatch.setattr(atomic.os, 'replace', replace_then_signal)
+        for path in paths:
+          atomic.write_bytes(str(path), b'new')
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  monkeypatch.undo()
+  assert [path.read_bytes() for path in paths] == [b'new', b'new']
+  assert sorted(os.listdir(tmp_path)) == ['a.pb', 'b.tflite']

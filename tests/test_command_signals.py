@@ -122,11 +122,16 @@ def test_a_signal_after_the_result_keeps_the_commands_exit_code(tmp_path):
   """A SIGTERM after the result line (the interpreter shutting down, a
   second or so with TensorFlow) ended a finished export with 143."""
   script = textwrap.dedent("""
-      import atexit, os, signal, time
+      import atexit, os, signal, sys, time
       from deeplab_train.cli import app
       def late_signal():
+        # Ignored from here on: Python's shut-down puts the default
+        # handlers back after atexit, where an 'end at once' handler was
+        # replaced and a signal ended the process with 143.
+        sys.stderr.write('ignored: %s\\n' % (
+            signal.getsignal(signal.SIGTERM) == signal.SIG_IGN))
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)
+        time.sleep(0.5)
       atexit.register(late_signal)
       app.start('deeplab-x', lambda argv: print('{"status": "ok"}'), 'doc')
       """)
@@ -135,6 +140,26 @@ def test_a_signal_after_the_result_keeps_the_commands_exit_code(tmp_path):
                         cwd=str(tmp_path))
   assert (proc.returncode, proc.stdout) == (0, '{"status": "ok"}\n'), (
       proc.stderr[-2000:])
+  assert 'ignored: True' in proc.stderr
+
+
+def test_a_signal_after_the_last_result_line_keeps_it_the_last(capsys):
+  """A SIGTERM in a command's clean-ups after its 'ok' line (a checkpoint's
+  pin released, a model closed) raised Stopped there: a second result line,
+  'terminated', and exit 143 for finished work."""
+  cleaned = []
+
+  def body():
+    app.print_final_result('ok', answer=1)
+    try:
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(0.2)
+    finally:
+      cleaned.append(True)
+  assert app.run_body('deeplab-x', ['prog'], body) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert [json.loads(l)['status'] for l in lines] == ['ok']
+  assert cleaned == [True]
 
 
 def test_a_second_signal_after_a_clean_stop_keeps_the_exit_code(

@@ -69,6 +69,13 @@ def print_result(status, **fields):
   print(json.dumps(line, sort_keys=True), flush=True)
 
 
+def print_final_result(status, **fields):
+  """print_result for the command's last result: a signal from then on no
+  longer stops it (its work is done; see signals.result_printed)."""
+  print_result(status, **fields)
+  signals.result_printed(result_lib.EXIT_CODES[status])
+
+
 def report_result(command, result, result_json=None, flag_names=None):
   """Prints a RunResult as the command's JSON line, after one error line on
   stderr when it is not ok, and writes it to `result_json`.

@@ -532,7 +532,7 @@ def run_compare(job):
   if job.bench_json:
     atomic.write_bytes(job.bench_json, (bench.result_json_line(result) +
                                         '\n').encode('utf-8'))
-  app.print_result('ok', **result)
+  app.print_final_result('ok', **result)
 
 
 def _exported_child_argv(job, path, threads, image_size):
@@ -555,7 +555,7 @@ def run_exported(job):
     result = bench_exported.measure_model(
         job.paths[0], job.options.threads[0], job.options.image_size,
         job.options)
-    app.print_result('ok', mode=bench_exported.MODE, results=[result])
+    app.print_final_result('ok', mode=bench_exported.MODE, results=[result])
     return
   facts = bench_exported.inspect_models(job.paths)
   sizes = bench_exported.image_sizes(facts, job.options.image_size)
@@ -566,7 +566,7 @@ def run_exported(job):
   print(bench_exported.format_table(results))
   if job.bench_json:
     _write_json(results, job.bench_json)
-  app.print_result('ok', mode=bench_exported.MODE, results=results)
+  app.print_final_result('ok', mode=bench_exported.MODE, results=results)
 
 
 def run_job(job):
@@ -586,7 +586,7 @@ def run_job(job):
     print(bench.format_table(results))
     if job.bench_json:
       _write_json(results, job.bench_json)
-  app.print_result('ok', results=results)
+  app.print_final_result('ok', results=results)
 
 
 def main(argv):

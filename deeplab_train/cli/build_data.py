@@ -296,10 +296,11 @@ def _build():
   warnings = report_statistics(
       info, [job.split_name] if job.split_name else sorted(
           info.statistics or {}))
-  app.print_result('ok', output_dir=job.output_dir, dataset=info.name,
-                   num_classes=info.num_classes,
-                   ignore_label=info.ignore_label,
-                   splits=dict(info.splits_to_sizes), warnings=warnings)
+  app.print_final_result('ok', output_dir=job.output_dir,
+                         dataset=info.name, num_classes=info.num_classes,
+                         ignore_label=info.ignore_label,
+                         splits=dict(info.splits_to_sizes),
+                         warnings=warnings)
 
 
 def main(argv):

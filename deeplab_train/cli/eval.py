@@ -42,6 +42,7 @@ Exit codes: 0 ok, 2 bad input, 75 another deeplab-eval writes to
 SIGINT, 1 unexpected error.
 """
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -281,9 +282,14 @@ def print_scores(result, scores):
                                        result['split']))
 
 
-def print_result(result, scores):
+def print_result(result, scores, final=True):
+  """The scores and the result line of one evaluation; `final`: the
+  command's last (not in follow mode)."""
   print_scores(result, scores)
-  app.print_result('ok', **result)
+  if final:
+    app.print_final_result('ok', **result)
+  else:
+    app.print_result('ok', **result)
 
 
 # One deeplab-eval at a time writes an --eval_logdir: two would leave the
@@ -313,6 +319,8 @@ def _run_eval_locked(job):
   from deeplab_train.export import loaded
   from deeplab_train.model import registry
   mean_pixel = registry.mean_pixel(job.model_options.model_variant)
+  on_result = functools.partial(print_result,
+                                final=not job.eval_options.follow)
 
   def make_samples():
     return eval_loop.iterate_split(
@@ -326,11 +334,11 @@ def _run_eval_locked(job):
                               common_flags.classes_source(job.dataset_dir))
       return eval_loop.evaluate_exported(
           model, job.eval_logdir, job.eval_options, job.dataset_info,
-          make_samples, on_result=print_result)
+          make_samples, on_result=on_result)
   return eval_loop.evaluate(
       job.checkpoint_dir, job.eval_logdir, job.model_options, job.inference,
       job.eval_options, job.dataset_info, make_samples,
-      on_result=print_result)
+      on_result=on_result)
 
 
 def evaluate_flags():

@@ -313,7 +313,7 @@ def _tflite_model(job, out):
 
 
 def _export():
-  app.print_result('ok', **run_export(options_from_flags()))
+  app.print_final_result('ok', **run_export(options_from_flags()))
 
 
 main = inference_flags.main_for(COMMAND, _export, FLAG_NAMES,

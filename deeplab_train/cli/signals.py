@@ -210,6 +210,8 @@ _raised = []
 
 def _raise_stopped(signum, frame):
   del frame
+  if _finished:
+    return  # the work is done and its result printed
   _raised.append(signum)
   if len(_raised) == 1:
     # Once: a second signal (the copy a wrapper script hands on) must not
@@ -226,24 +228,32 @@ def raised_signal():
   return _raised[-1] if _raised else None
 
 
+# [the exit code] once the command's last result line is printed.
+_finished = []
+
+
+def result_printed(code):
+  """The command printed its last result line (exit `code`): a signal
+  within `raised_in_main` no longer raises Stopped, which printed a
+  second, 'terminated' line and exited 143 in its last clean-ups."""
+  _finished[:] = [code]
+
+
 def exit_on_signal(code):
-  """From now on SIGTERM and SIGINT end the process at once with `code`:
-  the command's work is done and its result printed, and a signal during
-  the interpreter's shut-down (a second or so with TensorFlow) made a
-  finished command exit 143 / 130, also through the watching thread of
-  deeplab-train's ProcessSignals. Main thread only; else nothing."""
+  """The command's work is done and its result printed (exit `code`):
+  from now on SIGTERM and SIGINT are ignored, so that the process exits
+  with `code`. During the interpreter's shut-down (a second or so with
+  TensorFlow) Python puts the default handlers back, and a signal then
+  ended a finished command with 143 / 130; an ignored one stays ignored
+  through it. Also for deeplab-train's ProcessSignals. Main thread only;
+  else nothing."""
   if threading.current_thread() is not threading.main_thread():
     return
+  result_printed(code)
   if _INSTANCE is not None:
     _INSTANCE.finished(code)
-
-  def end(signum, frame):
-    del signum, frame
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # pylint: disable=protected-access
   for sig in SIGNALS:
-    signal.signal(sig, end)
+    signal.signal(sig, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
@@ -261,6 +271,7 @@ def raised_in_main():
     yield
     return
   del _raised[:]
+  del _finished[:]
   previous = {sig: signal.signal(sig, _raise_stopped) for sig in SIGNALS}
   try:
     yield

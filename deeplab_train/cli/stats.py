@@ -240,7 +240,7 @@ def _stats():
   written = record(job, counted) if job.write_dataset_json else None
   if written:
     print('recorded the statistics of split %r in %s' % (job.split, written))
-  app.print_result(
+  app.print_final_result(
       'ok', dataset_dir=job.dataset_dir, split=job.split, dataset=info.name,
       num_classes=info.num_classes, ignore_label=info.ignore_label,
       statistics=counted.to_dict(), ignore_share=counted.ignore_share,

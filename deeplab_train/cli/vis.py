@@ -283,8 +283,8 @@ def _vis():
   count = run_vis(job)
   extra = ({'exported_model': job.exported_model} if job.exported_model
            else {})
-  app.print_result('ok', checkpoint=job.checkpoint, num_images=count,
-                   vis_logdir=job.vis_logdir, **extra)
+  app.print_final_result('ok', checkpoint=job.checkpoint, num_images=count,
+                         vis_logdir=job.vis_logdir, **extra)
 
 
 main = inference_flags.main_for(COMMAND, _vis, FLAG_NAMES)
