@@ -125,8 +125,13 @@ def test_finish_resume_nothing_to_do_and_num_steps_more(tmp_path):
       'the last checkpoint in %s lacks ' % tmp_path)
   assert adam.message.endswith(
       "/Adam, a variable of this run's graph: it was trained with other "
-      'options (e.g. another optimizer); train on with those, or start a '
-      'new train_logdir')
+      'options (another optimizer); train on with those, or start a new '
+      'train_logdir')
+  # A layer the checkpoint lacks is another model flag's, not the
+  # optimizer's.
+  assert run_lib._OPTIMIZER_SLOT.search('decoder/feature_projection0/'  # pylint: disable=protected-access
+                                        'BatchNorm/beta') is None
+  assert run_lib._OPTIMIZER_SLOT.search('aspp0/weights/Momentum')  # pylint: disable=protected-access
   assert tt.latest_step(tmp_path) == 5
 
 

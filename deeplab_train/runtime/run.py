@@ -601,11 +601,17 @@ class TrainingRun:
       # Restoring the logdir's checkpoint: made by other options (those
       # deeplab_config.json records are checked before, see
       # config.check_resumable; an older logdir may not record them).
+      name = missing.group(1)
+      # An optimizer's slot, or a layer another model flag adds (a decoder
+      # was blamed on the optimizer).
+      which = ('another {TrainOptions.optimizer}'
+               if _OPTIMIZER_SLOT.search(name) else
+               'other model flags, e.g. {ModelOptions.decoder_output_stride}')
       detail = errors.Message(
           'the last checkpoint in %s lacks %s, a variable of this run\'s '
-          'graph: it was trained with other options (e.g. another '
-          '{TrainOptions.optimizer}); train on with those, or start a new '
-          '{RunOptions.train_logdir}', logdir, missing.group(1))
+          'graph: it was trained with other options (' + which + '); train '
+          'on with those, or start a new {RunOptions.train_logdir}', logdir,
+          name)
       logging.error('%s', detail)
       return self._result('bad_input', 'bad_input',
                           checkpoint=checkpoint_state.latest(logdir),
@@ -698,6 +704,9 @@ class TrainingRun:
 
 # TensorFlow's words for a variable that a restored checkpoint lacks.
 _NOT_IN_CHECKPOINT = re.compile(r'Key (\S+) not found in checkpoint')
+# The slots optimizers keep beside a variable ('.../Momentum', '.../Adam_1')
+# and Adam's powers.
+_OPTIMIZER_SLOT = re.compile(r'(/(Momentum|Adam(_1)?)$)|^beta[12]_power')
 
 
 def _check_shapes_resumable(checkpoint, graph, logdir):
