@@ -246,29 +246,34 @@ def test_image_dir_float_tiff_is_drawn_on_its_scale(tmp_path):
   photos.mkdir()
   unit = (np.arange(20 * 30).reshape(20, 30) / (20 * 30 - 1)).astype(
       np.float32)
+  # A resampled image overshoots its scale a little: clipped, not taken
+  # on the other scale (it came out black).
+  over = unit * 1.04 - 0.02
   cases = {'a_unit.tif': (unit, np.rint(unit * 255.0)),
-           'b_bytes.tif': (unit * 200.0, np.rint(unit * 200.0))}
+           'b_bytes.tif': (unit * 200.0, np.rint(unit * 200.0)),
+           'c_over.tif': (over, np.clip(np.rint(over * 255.0), 0, 255))}
   for name, (values, _) in cases.items():
     Image.fromarray(values, mode='F').save(photos / name)
-  Image.fromarray(unit * 1000.0, mode='F').save(photos / 'c_wide.tif')
+  Image.fromarray(unit * 1000.0, mode='F').save(photos / 'd_wide.tif')
   nan = unit.copy()
   nan[0, 0] = np.nan
-  Image.fromarray(nan, mode='F').save(photos / 'd_nan.tif')
+  Image.fromarray(nan, mode='F').save(photos / 'e_nan.tif')
   assert Image.open(photos / 'a_unit.tif').mode == 'F'
   unreadable = []
   samples = list(vis.iterate_image_dir(
       str(photos), config.PreprocessOptions(crop_size=None), None,
       unreadable))
-  assert [s['name'] for s in samples] == ['a_unit.tif', 'b_bytes.tif']
+  assert [s['name'] for s in samples] == ['a_unit.tif', 'b_bytes.tif',
+                                          'c_over.tif']
   for sample in samples:
     want = cases[sample['name']][1].astype(np.uint8)
     np.testing.assert_array_equal(sample['original_image'],
                                   np.stack([want] * 3, axis=-1))
   assert samples[0]['original_image'].max() == 255   # not black
   assert len(unreadable) == 2
-  assert 'c_wide.tif' in unreadable[0]
+  assert 'd_wide.tif' in unreadable[0]
   assert 'from 0 to 1000' in unreadable[0]
-  assert 'd_nan.tif' in unreadable[1] and '1 NaN' in unreadable[1]
+  assert 'e_nan.tif' in unreadable[1] and '1 NaN' in unreadable[1]
 
 
 def test_image_dir_says_what_it_skips_and_which_photos_are_turned(

@@ -96,9 +96,17 @@ def to_rgb(im):
   return im.convert('RGB')
 
 
+# How far past its scale's ends a float image's values may reach (resampled
+# images overshoot a little) and still be taken on that scale, clipped:
+# this share of the scale's top.
+FLOAT_OVERSHOOT = 0.05
+
+
 def _float_to_8_bits(values):
   """The grey values of a float image as uint8: by 255 when all are in
-  [0, 1], as they are in [0, 255]."""
+  [0, 1], as they are in [0, 255], each give or take FLOAT_OVERSHOOT of
+  the scale, clipped (an image in [0, 1] whose maximum was 1.02 came out
+  almost black, taken as one in [0, 255])."""
   finite = np.isfinite(values)
   if not finite.all():
     raise ValueError('a float image with %d NaN or infinite pixel(s): '
@@ -106,9 +114,11 @@ def _float_to_8_bits(values):
                      % np.count_nonzero(~finite))
   low, high = (float(values.min()), float(values.max())) if values.size \
       else (0.0, 0.0)
-  if low >= 0 and high <= 1:
+  within = lambda top: (low >= -FLOAT_OVERSHOOT * top
+                        and high <= (1 + FLOAT_OVERSHOOT) * top)
+  if within(1.0):
     scale = 255.0
-  elif low >= 0 and high <= 255:
+  elif within(255.0):
     scale = 1.0
   else:
     raise ValueError('a float image with values from %g to %g, neither in '
