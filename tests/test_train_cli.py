@@ -189,6 +189,15 @@ def test_contradicting_model_flag_on_resume(tmp_path, records):
   assert '--depth_multiplier=0.5 (trained with 0.25)' in result['message']
 
 
+def test_the_pooling_crop_is_checked_only_where_an_image_pooling_is_built():
+  """Without the image-level feature no pooling window is built: such runs
+  trained before the check came, and must still."""
+  options = dict(crop_size=(33, 33), image_pooling_crop_size=(65, 65))
+  config.ModelOptions(add_image_level_feature=False, **options).validate()
+  with pytest.raises(config.ConfigError, match='is larger than'):
+    config.ModelOptions(add_image_level_feature=True, **options).validate()
+
+
 def test_an_empty_list_flag_resumes_as_the_none_it_saved(tmp_path, records):
   """'--decoder_output_stride=' (no decoder, as README's EDGE flags give
   it) was saved as null, and the same command then contradicted it: a

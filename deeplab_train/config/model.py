@@ -169,8 +169,10 @@ class ModelOptions(JsonMixin):
     the features of a fixed crop: TensorFlow's average pooling failed with
     'Negative dimension size' and a traceback."""
     pool, crop = self.image_pooling_crop_size, self.crop_size
-    if not pool or crop is None or len(pool) != 2:
-      return
+    if (not pool or crop is None or len(pool) != 2
+        or not self.add_image_level_feature
+        or self.dense_prediction_cell_config is not None):
+      return  # no image pooling branch (a cell pools on its own grid)
     features = lambda size: (size - 1) // self.output_stride + 1
     check(all(features(p) <= features(c) for p, c in zip(pool, crop)),
           '{ModelOptions.image_pooling_crop_size}=%s is larger than '
