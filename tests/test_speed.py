@@ -812,6 +812,12 @@ def test_bf16_is_refused_where_onednn_would_abort(monkeypatch):
     del measured[:]
     assert benchmark._matmul_peaks(job, bench.BenchOptions()) == peaks
     assert measured == [tf.float32] + [tf.bfloat16] * (peaks[1] is not None)
+  # With oneDNN off a bfloat16 matmul runs (only the training rewrite is
+  # off): its peak is measured, where the refusal of bf16 training took it.
+  monkeypatch.setattr(cpu_lib, 'machine_cpu', lambda: avx512)
+  monkeypatch.setenv('TF_ENABLE_ONEDNN_OPTS', '0')
+  assert cpu_lib.bf16_refusal(avx512) and not cpu_lib.bf16_abort(avx512)
+  assert benchmark._matmul_peaks(job, bench.BenchOptions()) == (1.0, 1.0)
 
 
 def test_bench_variants_auto_runs_the_machines_choice(monkeypatch):

@@ -99,7 +99,7 @@ class BenchJob:
 
 def _matmul_peaks(job, options):
   """(fp32, bf16 or None) matmul peaks in GFLOP/s. No bf16 peak where a
-  bfloat16 matmul would abort the process (cpu.bf16_refusal: oneDNN
+  bfloat16 matmul would abort the process (cpu.bf16_abort: oneDNN
   capped below AVX512_CORE on an AVX-512 CPU), so that fp32 can still be
   measured there."""
   def peak(dtype):
@@ -107,7 +107,7 @@ def _matmul_peaks(job, options):
                                       dtype, job.peak_session_config)
   bf16 = options.bf16_peak
   if bf16:
-    refusal = cpu_lib.bf16_refusal(cpu_lib.machine_cpu())
+    refusal = cpu_lib.bf16_abort(cpu_lib.machine_cpu())
     if refusal:
       logging.info('No bf16 matmul peak: %s', refusal)
       bf16 = False

@@ -216,8 +216,14 @@ def bf16_refusal(features, environ=None):
             'the bfloat16 rewrite: the run would train in float32. Unset '
             '%s, or train with --mixed_precision=none' % (ONEDNN_ENV,
                                                          ONEDNN_ENV))
+  return bf16_abort(features, environ)
+
+
+def bf16_abort(features, environ=None):
+  """Why a bfloat16 op would abort the process on a CPU with `features`
+  under `environ`, or None (see bf16_refusal)."""
   cap = _capped_below(_AVX512_CORE, environ)
-  if features.get('avx512f') and cap:
+  if features.get('avx512f') and not onednn_off(environ) and cap:
     return ('%s=%s keeps oneDNN below AVX512_CORE, and TensorFlow hands '
             'bfloat16 ops to oneDNN on this AVX-512 CPU: the process would '
             'abort in its first step. Unset %s (or set it to AVX512_CORE_BF16 '
