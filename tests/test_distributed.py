@@ -687,6 +687,27 @@ def test_a_step_stuck_past_the_time_budget_ends_the_task(monkeypatch):
   assert 'waited since for another task of the cluster' in why
 
 
+def test_a_synchronous_worker_stops_waiting_on_its_budget_only_before_it_trained():
+  """Its session re-created after a chief or ps restart (the run's steps
+  then wait for it again), a synchronous worker that trained left once its
+  own budget had passed."""
+  import types  # pylint: disable=g-import-not-at-top
+  from deeplab_train.runtime import run as run_lib  # pylint: disable=g-import-not-at-top
+  spec = types.SimpleNamespace(run_options=types.SimpleNamespace(
+      max_run_seconds=45))
+
+  def stops(sync, trained):
+    run = run_lib.TrainingRun(
+        spec, types.SimpleNamespace(is_chief=False, sync_replicas=sync),
+        start_time=time.time() - 60)
+    run._hooks_now = types.SimpleNamespace(  # pylint: disable=protected-access
+        progress=types.SimpleNamespace(in_session=trained))
+    return run._stops_waiting()  # pylint: disable=protected-access
+  assert stops(sync=True, trained=False)
+  assert not stops(sync=True, trained=True)
+  assert stops(sync=False, trained=True)
+
+
 def test_only_a_task_keeping_its_own_time_budget_has_a_deadline():
   import types  # pylint: disable=g-import-not-at-top
   from deeplab_train.runtime import run as run_lib  # pylint: disable=g-import-not-at-top

@@ -548,11 +548,17 @@ class TrainingRun:
 
   def _stops_waiting(self):
     """Whether a non-chief worker still waiting for the chief stops: it was
-    asked to, or its --max_run_seconds passed. A synchronous worker's too:
-    before its session it has no share in a step, and nobody waits for it
-    (it waited for ever for a chief that did not come)."""
+    asked to, or its --max_run_seconds passed. A synchronous worker's
+    budget too, before its first session: it has no share in a step yet,
+    and nobody waits for it (it waited for ever for a chief that did not
+    come). Not once it trained (its session re-created after a chief or ps
+    restart): the run's steps wait for it again, as the chief's budget
+    decides."""
     seconds = self.spec.run_options.max_run_seconds
-    if seconds and self.elapsed() >= seconds:
+    hooks = self._hooks_now
+    trained = hooks is not None and hooks.progress.in_session
+    if (seconds and self.elapsed() >= seconds
+        and (not trained or self._keeps_its_own_budget())):
       self.stop.request(hooks_lib.TIME_BUDGET)
     return self.stop.reason is not None
 
@@ -578,10 +584,15 @@ class TrainingRun:
                           loss=hooks.progress.loss, checkpoint=checkpoint,
                           detail=e)
     except cluster_session.StoppedWhileWaiting:
+      # Also in a session re-created after a chief or ps restart, after
+      # steps (it said 'before any step' then).
+      step = hooks.progress.step
+      when = ('before any step' if step is None else
+              'after step %d' % step)
       return self._result(
-          'ok', self.stop.reason, global_step=None,
-          message='stopped before any step (%s), while waiting for the '
-          'chief; the chief writes the checkpoints' % self.stop.reason)
+          'ok', self.stop.reason, global_step=step,
+          message='stopped %s (%s), while waiting for the chief; the chief '
+          'writes the checkpoints' % (when, self.stop.reason))
     except hooks_lib.CheckpointNotSavedError as e:
       logging.error('%s', e)
       return self._result('error', 'checkpoint_not_saved',
