@@ -642,17 +642,18 @@ def test_a_task_in_its_session_gets_the_full_stop_grace(monkeypatch):
 
 
 class _StepClock:
-  """A run whose steps begin and end as the test says (step_began), with
-  a step time of 0.1 s once in its session."""
+  """A run whose steps begin and end as the test says (step_began), its
+  longest step 0.1 s once one ended (None before)."""
 
   def __init__(self):
     self.began = None
-
-  def session_progress(self):
-    return True, 0.1
+    self.longest = 0.1
 
   def step_began(self):
     return self.began
+
+  def longest_step(self):
+    return self.longest
 
 
 def test_a_step_stuck_past_the_time_budget_ends_the_task(monkeypatch):
@@ -706,6 +707,19 @@ def test_a_synchronous_worker_stops_waiting_on_its_budget_only_before_it_trained
   assert stops(sync=True, trained=False)
   assert not stops(sync=True, trained=True)
   assert stops(sync=False, trained=True)
+
+
+def test_a_first_step_past_the_time_budget_gets_a_longer_grace(monkeypatch):
+  """Before any step ended the grace was the signal's 30 s: a healthy first
+  step past the budget (warm-up; xception on a CPU) ended the task with
+  exit 1 and no final checkpoint."""
+  monkeypatch.setattr(train_cli, 'CLUSTER_STOP_GRACE_SECS', 1)
+  monkeypatch.setattr(train_cli, 'FIRST_STEP_GRACE_SECS', 2)
+  run = _StepClock()
+  run.longest = None
+  assert train_cli._budget_grace(run) == 2  # pylint: disable=protected-access
+  run.longest = 4.0
+  assert train_cli._budget_grace(run) == 13  # pylint: disable=protected-access
 
 
 def test_only_a_task_keeping_its_own_time_budget_has_a_deadline():

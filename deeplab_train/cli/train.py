@@ -467,6 +467,22 @@ def _stop_when_stuck(run, name, end):
   end(why)
 
 
+# Before any step ended, how long one may take past the time budget
+# (graph warm-up, a synchronous chief waiting for a worker still starting;
+# xception's first step on a CPU) before it is taken as stuck.
+FIRST_STEP_GRACE_SECS = 300
+
+
+def _budget_grace(run):
+  """How long a step may wait past the time budget: the signal's grace,
+  with three of the longest step so far (FIRST_STEP_GRACE_SECS before
+  the first ended: the usual step time is known only from log lines)."""
+  longest = run.longest_step()
+  if longest is None:
+    return FIRST_STEP_GRACE_SECS
+  return CLUSTER_STOP_GRACE_SECS + 3 * longest
+
+
 def _stop_when_stuck_past_budget(run, deadline, end, poll_secs=0.5):
   """Calls end(why), which ends the process, when a training step has
   waited a grace period past the `deadline` of --max_run_seconds (a
@@ -482,8 +498,7 @@ def _stop_when_stuck_past_budget(run, deadline, end, poll_secs=0.5):
     if now < deadline or began is None:
       continue
     waited = now - max(began, deadline)
-    grace = _stuck_grace(run)
-    if waited >= grace:
+    if waited >= _budget_grace(run):
       break
   why = ('--max_run_seconds passed %.0f s ago, and the step under way has '
          'waited since for another task of the cluster (a worker or ps '

@@ -371,6 +371,8 @@ class ProgressHook(tf.train.SessionRunHook):
     self.seconds_per_step = None
     self.in_session = False
     self.step_began = None
+    # The longest step this process made (warm-up included), or None.
+    self.longest_step = None
 
   def after_create_session(self, session, coord):
     self.in_session = True
@@ -380,6 +382,8 @@ class ProgressHook(tf.train.SessionRunHook):
     return tf.train.SessionRunArgs(self._fetches)
 
   def after_run(self, run_context, run_values):
+    took = time.time() - self.step_began
+    self.longest_step = max(took, self.longest_step or 0.0)
     self.step_began = None
     r = run_values.results
     previous = self.step

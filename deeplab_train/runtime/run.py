@@ -229,6 +229,12 @@ class TrainingRun:
     hooks = self._hooks_now
     return None if hooks is None else hooks.progress.step_began
 
+  def longest_step(self):
+    """The longest step made so far in seconds (warm-up included), or
+    None before the first ended, from any thread."""
+    hooks = self._hooks_now
+    return None if hooks is None else hooks.progress.longest_step
+
   def execute(self, handle_signals=True):
     """Locks the logdir and trains; every expected ending is a result."""
     logdir = self.spec.run_options.train_logdir
