@@ -303,7 +303,7 @@ def test_a_tflite_model_resizes_its_input_as_recorded_at_export(tiny,
   from deeplab_train.export import tflite  # pylint: disable=g-import-not-at-top
   options = config.ExportOptions(
       inference=config.InferenceOptions(crop_size=(41, 41)),
-      max_resize_value=41, with_probabilities=False)
+      max_resize_value=41, resize_factor=8, with_probabilities=False)
   model, _ = tflite.convert(tiny['checkpoint'], et.tiny_model_options(),
                             options, tflite.TfliteOptions())
   path = tflite.write_tflite(model, str(tmp_path / 'model.tflite'))
@@ -314,15 +314,17 @@ def test_a_tflite_model_resizes_its_input_as_recorded_at_export(tiny,
     got = exported.predict(big)
   assert got.shape == (57, 49)
   assert np.mean(got == freeze.run_frozen_graph(frozen, big)[0]) >= 0.95
-  # The same values given agree; others are refused, naming both.
-  same = config.PreprocessOptions(crop_size=None, max_resize_value=41)
-  with loaded.open_exported(path, resize_options=same) as exported:
-    np.testing.assert_array_equal(exported.predict(big), got)
+  # The same values given agree, also some of them (no resize factor
+  # given); others are refused, naming both.
+  for same in (config.PreprocessOptions(crop_size=None, max_resize_value=41),
+               config.PreprocessOptions(crop_size=None)):
+    with loaded.open_exported(path, resize_options=same) as exported:
+      np.testing.assert_array_equal(exported.predict(big), got)
   other = config.PreprocessOptions(crop_size=None, min_resize_value=30,
                                    max_resize_value=41)
   with pytest.raises(loaded.ExportedModelError,
                      match='was exported with the resize min_resize_value='
-                     'None, max_resize_value=41, resize_factor=None, and the '
+                     'None, max_resize_value=41, resize_factor=8, and the '
                      'resize given contradicts it'):
     loaded.open_exported(path, resize_options=other)
 

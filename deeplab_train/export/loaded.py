@@ -442,7 +442,9 @@ class _TfliteModel(ExportedModel):
       return given
     given_values = {name: getattr(given, name, None)
                     for name in config.RESIZE_FIELDS}
-    if any(given_values.values()) and given_values != recorded:
+    # Only the values given count (a resize factor left out agrees).
+    if any(value is not None and value != recorded.get(name)
+           for name, value in given_values.items()):
       show = lambda values: ', '.join('%s=%s' % (name, values.get(name))
                                       for name in config.RESIZE_FIELDS)
       raise ExportedModelError(
