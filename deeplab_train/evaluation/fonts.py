@@ -59,8 +59,9 @@ def _font_for(chars):
   if news:
     _warned.update(news)
     _log.warning('no font found here draws %s of the class names: they '
-                 'show as boxes in the legend; install a font that has them '
-                 '(e.g. Noto)', ' '.join(news))
+                 'show as boxes in the drawn images (legends, the confusion '
+                 'heatmap); install a font that has them (e.g. Noto)',
+                 ' '.join(news))
   return font
 
 

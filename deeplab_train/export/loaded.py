@@ -258,9 +258,11 @@ class _GraphModel(ExportedModel):
     except tf.errors.InvalidArgumentError as e:
       message = _first_meaningful_line(e.message)
       if 'larger than the export crop size' in e.message:
+        # The path without its option: deeplab-vis logs this as it skips
+        # the image, in no command's terms ('path=').
         raise config.ImageTooLargeError(
             'image %s is %dx%d (height x width), too large for the exported '
-            'model {open_exported.path}=%s: %s', ', '.join(names),
+            'model %s: %s', ', '.join(names),
             images.shape[1], images.shape[2], self.path, message) from None
       raise ExportedModelError(
           'the exported model {open_exported.path}=%s failed on image %s: %s',
@@ -462,8 +464,8 @@ class _TfliteModel(ExportedModel):
     if h > self.input_size[0] or w > self.input_size[1]:
       raise config.ImageTooLargeError(
           'image %s is %dx%d (height x width%s), larger than the input '
-          '%dx%d of the TFLite model {open_exported.path}=%s: re-export with '
-          'a larger crop size', ', '.join(names), h, w,
+          '%dx%d of the TFLite model %s: re-export with a larger crop size',
+          ', '.join(names), h, w,
           ', after the resize' if self._resizer is not None else '',
           self.input_size[0], self.input_size[1], self.path)
     padded = np.empty((len(images),) + self.input_size + (3,), np.uint8)
