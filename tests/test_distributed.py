@@ -1206,6 +1206,22 @@ def test_a_parameter_server_ends_on_a_signal_with_its_result_line(
   assert json.loads((tmp_path / 'ps.json').read_text()) == result
 
 
+def test_a_parameter_server_whose_result_file_fails_exits_1(tmp_path,
+                                                            records,
+                                                            processes):
+  """Its --result_json not written (a full disk, a folder in its way), a
+  ps stopped by a signal exited 0 all the same."""
+  (tmp_path / 'ps.json').mkdir()
+  cluster = LocalCluster(tmp_path, records, processes, 10,
+                         '--result_json=%s' % (tmp_path / 'ps.json'))
+  proc = cluster.start('ps', 0)
+  cluster.wait_for_line('ps0', 'serving on')
+  proc.send_signal(signal.SIGTERM)
+  code, result = cluster.finish('ps0', timeout=30)
+  assert (code, result['status']) == (1, 'ok'), result
+  assert 'cannot write --result_json' in cluster.log('ps0')
+
+
 def test_a_worker_waiting_for_a_chief_that_never_comes_stops_on_its_budget(
     tmp_path, records, processes):
   """A synchronous worker leaves its --max_run_seconds to the chief, and so

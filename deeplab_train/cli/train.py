@@ -390,7 +390,7 @@ def _end_serving_on_signals(process_signals, cluster, start_time,
         seconds=time.time() - start_time,
         message='parameter server %d (%s) stopped (%s); the chief\'s '
         'checkpoints hold the run' % (cluster.task, cluster.address, name))
-    _ending_at_once(lambda: report(result, result_json), result.exit_code)
+    _ending_at_once(lambda: _reported(result, result_json))
   process_signals.connect(
       on_first=stopped, first_notice='%s received: the parameter server '
       'stops')
@@ -411,11 +411,12 @@ def _forward_signals(process_signals, run, result_json):
 
   def end_on_signal(name, why):
     signum = signal.Signals[name]
-    _ending_at_once(lambda: stop_now(signum, why), signals.exit_code(signum))
+    _ending_at_once(lambda: stop_now(signum, why) or
+                    signals.exit_code(signum))
 
   def end_past_budget(why):
     result = run.stopped_now('error', result_lib.TIME_BUDGET, why)
-    _ending_at_once(lambda: report(result, result_json), result.exit_code)
+    _ending_at_once(lambda: _reported(result, result_json))
 
   def on_first(name):
     run.stop.request(result_lib.SIGNAL_PREFIX + name)
@@ -434,14 +435,24 @@ def _forward_signals(process_signals, run, result_json):
                      name='stop-when-stuck-past-budget', daemon=True).start()
 
 
-def _ending_at_once(report_it, code):
-  """Reports (`report_it()`) and ends the process with `code`."""
+def _ending_at_once(report_it):
+  """Reports (`report_it()`, which returns the exit code) and ends the
+  process with that code (1 when the report failed)."""
+  code = app.EXIT_UNEXPECTED
   try:
-    report_it()
+    code = report_it()
   finally:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # pylint: disable=protected-access
+
+
+def _reported(result, result_json):
+  """Reports `result`; its exit code, or 1 when --result_json could not be
+  written (a ps stopped so exited 0, its result file missing)."""
+  if not report(result, result_json) and result.exit_code == app.EXIT_OK:
+    return app.EXIT_UNEXPECTED
+  return result.exit_code
 
 
 def _stuck_grace(run):
@@ -542,9 +553,7 @@ def main(argv):
     result = result_lib.RunResult('error', 'error',
                                   seconds=time.time() - start,
                                   message='%s: %s' % (type(e).__name__, e))
-  if not report(result, result_json) and result.exit_code == app.EXIT_OK:
-    return app.EXIT_UNEXPECTED
-  return result.exit_code
+  return _reported(result, result_json)
 
 
 def _print_bad_flags(message):
