@@ -274,11 +274,7 @@ def restore(saver, session, prefix):
     if not isinstance(e, (tf.errors.OutOfRangeError,
                           tf.errors.DataLossError)):
       raise
-    reason = (e.message or str(e)).strip().splitlines()[-1].strip()
-    raise DamagedCheckpointError(
-        'checkpoint %s cannot be read: its data is damaged or cut short '
-        '(%s); use another checkpoint or copy this one again', prefix,
-        reason) from None
+    raise _damaged(prefix, 'its data is', e) from None
 
 
 def checkpoint_reader(prefix):
@@ -298,11 +294,16 @@ def checkpoint_reader(prefix):
     if isinstance(e, (ValueError, tf.errors.NotFoundError,
                       tf.errors.PermissionDeniedError)):
       raise
-    reason = (e.message or str(e)).strip().splitlines()[-1].strip()
-    raise DamagedCheckpointError(
-        'checkpoint %s cannot be read: its .index file is damaged or cut '
-        'short (%s); use another checkpoint or copy this one again', prefix,
-        reason) from None
+    raise _damaged(prefix, 'its .index file is', e) from None
+
+
+def _damaged(prefix, what, error):
+  """The DamagedCheckpointError of `prefix` whose `what` ('its data is')
+  TensorFlow's `error` could not read."""
+  reason = (error.message or str(error)).strip().splitlines()[-1].strip()
+  return DamagedCheckpointError(
+      'checkpoint %s cannot be read: ' + what + ' damaged or cut short (%s); '
+      'use another checkpoint or copy this one again', prefix, reason)
 
 
 # The ranges quantisation-aware training (the original's
