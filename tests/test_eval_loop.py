@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -471,6 +472,58 @@ def test_follow_mode_started_before_the_run_takes_the_runs_options(
   assert not (tmp_path / 'never').exists()
 
 
+def test_the_last_of_max_number_of_evaluations_is_the_final_result(
+    tiny, tmp_path, monkeypatch, capsys):
+  """Followed with --max_number_of_evaluations, the last evaluation's line
+  is the command's last: a SIGTERM in the close after it (the model and
+  the checkpoint's pin released) printed a second, 'terminated' line and
+  exited 143 for finished work. Earlier evaluations' lines are not final."""
+  logdir = tmp_path / 'follow'
+  logdir.mkdir()
+  _copy_checkpoint(tiny['checkpoint'], str(logdir), 7)
+  shutil.copy(os.path.join(tiny['train'], config.RUN_CONFIG_FILENAME),
+              str(logdir))
+  finals = []
+  printed = eval_cli.print_result
+
+  def print_then_signalled(result, scores, final=True):
+    printed(result, scores, final)
+    finals.append(final)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)  # the handler runs in here
+  monkeypatch.setattr(eval_cli, 'print_result', print_then_signalled)
+  code = et.run_cli(eval_cli, [
+      '--checkpoint_dir=%s' % logdir, '--dataset_dir=' + tiny['data'],
+      '--eval_logdir=%s' % (tmp_path / 'eval'), '--eval_interval_secs=0',
+      '--max_number_of_evaluations=1'])
+  lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+           if line.startswith('{')]
+  assert (code, finals) == (0, [True])
+  assert [line['status'] for line in lines] == ['ok']
+
+  # Not the last: the 'last' flag the loop hands on is False until the
+  # limit is reached.
+  lasts = []
+  _follow_on_one_image(tiny, logdir, tmp_path, 2, on_result=(
+      lambda result, scores, last: lasts.append(last)))
+  assert lasts == [False]  # one checkpoint, then the timeout
+
+
+def _follow_on_one_image(tiny, logdir, tmp_path, max_evaluations, **kwargs):
+  """eval_loop.evaluate following `logdir` on the first tiny image, with
+  no wait after the last checkpoint; its results."""
+  info = datasets.load_dataset_info('tiny', tiny['data'])
+  _, image, label = et.tiny_images()[0]
+  return eval_loop.evaluate(
+      str(logdir), str(tmp_path / 'follow_eval'), et.tiny_model_options(),
+      config.InferenceOptions(), config.EvalOptions(
+          follow=True, eval_interval_secs=0,
+          max_number_of_evaluations=max_evaluations, timeout_secs=0),
+      info, lambda: [{'image': image.astype(np.float32), 'label': label,
+                      'name': 'a'}],
+      sleep=lambda _: None, **kwargs)
+
+
 def test_follow_mode_reads_a_checkpoint_deleted_after_it_was_chosen(
     tiny, tmp_path, monkeypatch):
   """Followed, each checkpoint is pinned (hard links) when it is chosen:
@@ -486,16 +539,7 @@ def test_follow_mode_reads_a_checkpoint_deleted_after_it_was_chosen(
       os.remove(path)
     return real_restore(saver, session, prefix)
   monkeypatch.setattr(restore_lib, 'restore', trainer_deletes_it_first)
-  info = datasets.load_dataset_info('tiny', tiny['data'])
-  _, image, label = et.tiny_images()[0]
-  results = eval_loop.evaluate(
-      str(logdir), str(tmp_path / 'follow_eval'), et.tiny_model_options(),
-      config.InferenceOptions(), config.EvalOptions(
-          follow=True, eval_interval_secs=0, max_number_of_evaluations=1,
-          timeout_secs=0),
-      info, lambda: [{'image': image.astype(np.float32), 'label': label,
-                      'name': 'a'}],
-      sleep=lambda _: None)
+  results = _follow_on_one_image(tiny, logdir, tmp_path, 1)
   assert [r['checkpoint'] for r in results] == [prefix7]
   assert os.listdir(logdir) == ['checkpoint']
 

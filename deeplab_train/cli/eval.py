@@ -42,7 +42,6 @@ Exit codes: 0 ok, 2 bad input, 75 another deeplab-eval writes to
 SIGINT, 1 unexpected error.
 """
 import dataclasses
-import functools
 import os
 import sys
 import time
@@ -284,7 +283,8 @@ def print_scores(result, scores):
 
 def print_result(result, scores, final=True):
   """The scores and the result line of one evaluation; `final`: the
-  command's last (not in follow mode)."""
+  command's last (run-once, or the last of --max_number_of_evaluations in
+  follow mode)."""
   print_scores(result, scores)
   if final:
     app.print_final_result('ok', **result)
@@ -319,8 +319,6 @@ def _run_eval_locked(job):
   from deeplab_train.export import loaded
   from deeplab_train.model import registry
   mean_pixel = registry.mean_pixel(job.model_options.model_variant)
-  on_result = functools.partial(print_result,
-                                final=not job.eval_options.follow)
 
   def make_samples():
     return eval_loop.iterate_split(
@@ -334,11 +332,11 @@ def _run_eval_locked(job):
                               common_flags.classes_source(job.dataset_dir))
       return eval_loop.evaluate_exported(
           model, job.eval_logdir, job.eval_options, job.dataset_info,
-          make_samples, on_result=on_result)
+          make_samples, on_result=print_result)
   return eval_loop.evaluate(
       job.checkpoint_dir, job.eval_logdir, job.model_options, job.inference,
       job.eval_options, job.dataset_info, make_samples,
-      on_result=on_result)
+      on_result=print_result)
 
 
 def evaluate_flags():

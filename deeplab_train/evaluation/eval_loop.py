@@ -291,8 +291,9 @@ def evaluate(checkpoint_dir, eval_logdir, model_options, inference,
     dataset_info: DatasetInfo of the split.
     make_samples: fn() -> iterable of samples (see `iterate_split`), called
       once per evaluation.
-    on_result: fn(result dict, SegmentationMetrics) called after each
-      evaluation (the CLI prints there).
+    on_result: fn(result dict, SegmentationMetrics, last) called after each
+      evaluation (the CLI prints there); `last`: no evaluation follows it
+      (run-once, or the last of --max_number_of_evaluations).
     session_config: optional tf.ConfigProto.
     sleep / clock: injectable for tests (follow mode).
 
@@ -331,10 +332,11 @@ def evaluate(checkpoint_dir, eval_logdir, model_options, inference,
         continue
       _write_outputs(eval_logdir, result_json, result, scores, inference)
       results.append(result)
-      if on_result is not None:
-        on_result(result, scores)
       limit = eval_options.max_number_of_evaluations
-      if eval_options.follow and 0 < limit <= len(results):
+      last = not eval_options.follow or 0 < limit <= len(results)
+      if on_result is not None:
+        on_result(result, scores, last)
+      if last:
         break
   return results
 
@@ -351,7 +353,8 @@ def evaluate_exported(model, eval_logdir, eval_options, dataset_info,
     dataset_info: DatasetInfo of the split.
     make_samples: fn() -> iterable of samples (see `iterate_split`) at the
       images' own size: the model resizes them itself.
-    on_result: fn(result dict, SegmentationMetrics) called with the result.
+    on_result: fn(result dict, SegmentationMetrics, last=True) called with
+      the result.
 
   Returns:
     [the result dict]: the checkpoint result's keys, with 'checkpoint' and
@@ -394,7 +397,7 @@ def evaluate_exported(model, eval_logdir, eval_options, dataset_info,
                                                          RESULT_FILENAME)
   _write_outputs(eval_logdir, result_json, result, scores, None)
   if on_result is not None:
-    on_result(result, scores)
+    on_result(result, scores, True)
   return [result]
 
 
