@@ -201,15 +201,15 @@ def check_training_setup(model_options, train_options, towers_on_cpu=False):
   sizes = ','.join(str(s) for s in model_options.crop_size or ())
   unaligned, off = [], 0
   for size in model_options.crop_size or ():
-    lo, hi = valid_crop_sizes_near(size, stride)
-    # 1 (= 0 * stride + 1) leaves the network no feature to learn from.
+    # 1 (= 0 * stride + 1) leaves the network no feature to learn from:
+    # the smallest valid size is stride + 1.
     if size <= stride:
       raise ConfigError(
           '{ModelOptions.crop_size}=%s does not fit '
           '{ModelOptions.output_stride}=%d: each size must be larger than '
           'the stride, best a multiple of it plus 1; nearest valid size '
-          'for %d: %s or %d'
-          % (sizes, stride, size, lo if lo > stride else '(none below)', hi))
+          'for %d: (none below) or %d' % (sizes, stride, size, stride + 1))
+    lo, hi = valid_crop_sizes_near(size, stride)
     near = '%d: %d or %d' % (size, lo, hi)
     if (size - 1) % stride and near not in unaligned:
       unaligned.append(near)
