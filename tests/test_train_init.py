@@ -1,6 +1,7 @@
 """Initialisation from a checkpoint: a 21-class checkpoint into a 5-class
 model, with and without the last layers; shape mismatches; bad paths."""
 import glob
+import logging
 import os
 import shutil
 
@@ -9,6 +10,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
+from deeplab_train.cli import train as train_cli
 from deeplab_train.evaluation import predictor as predictor_lib
 from deeplab_train.model import deeplab
 from deeplab_train.model import layers
@@ -111,12 +113,34 @@ def test_logits_of_another_class_count_are_skipped_with_a_hint(checkpoint_21):
   assert plan.mismatched == [
       ('logits/semantic/biases', (21,), (5,)),
       ('logits/semantic/weights', (1, 1, 256, 21), (1, 1, 256, 5))]
-  text = '\n'.join(plan.summary_lines())
+  text = '\n'.join(map(str, plan.summary_lines()))
   assert ('logits have 21 classes in the checkpoint, the model 5: pass '
           'initialize_last_layer=false') in text
   assert '2 skipped with a shape mismatch' in text
   assert len(plan.restored) == len(values) - 2
   np.testing.assert_array_equal(values['aspp0/weights'], ckpt['aspp0/weights'])
+
+
+def test_deeplab_train_names_the_hints_options_as_flags(
+    checkpoint_21, tmp_path, caplog):
+  """The class-count hint of deeplab-train's log read 'pass
+  initialize_last_layer=false last_layers_contain_logits_only=true': the
+  library's field names, not the flags to type."""
+  prefix, _ = checkpoint_21
+  records = tmp_path / 'records'
+  tt.make_tfrecords(records, count=2)
+  caplog.set_level(logging.INFO)
+  code, _, result = tt.main_in_process('deeplab-train', train_cli.main, (
+      tt.tiny_cli_args(tmp_path / 'log', records, 1,
+                       '--decoder_output_stride=4',
+                       '--tf_initial_checkpoint=' + prefix)))
+  assert (code, result['stop_reason']) == (0, 'finished'), result
+  hints = [r.getMessage() for r in caplog.records if 'hint:' in
+           r.getMessage()]
+  assert hints == [
+      '  hint: logits have 21 classes in the checkpoint, the model 5: pass '
+      '--initialize_last_layer=false --last_layers_contain_logits_only=true '
+      'to start them afresh'], caplog.text
 
 
 def _write_checkpoint(prefix, named_shapes):
@@ -242,7 +266,7 @@ def test_quantisation_ranges_are_left_out_with_a_hint(tmp_path):
     plan = checkpoint_init.make_init_plan(prefix, variables)
   assert plan.restored == sorted(n for n, _ in model)
   assert not plan.missing and plan.unused == 4
-  text = '\n'.join(plan.summary_lines())
+  text = '\n'.join(map(str, plan.summary_lines()))
   assert ('hint: the checkpoint holds 4 quantisation ranges (e.g. '
           'MobilenetV2/Conv/act_quant/max, MobilenetV2/Conv/act_quant/min) '
           'of quantisation-aware training') in text, text

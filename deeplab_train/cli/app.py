@@ -14,8 +14,10 @@ Library errors name option fields ({owner.field}, see config/errors.py);
 `user_message` shows each as the flag that sets it in this command: by
 default the field's own name, else the command's FLAG_NAMES entry (e.g.
 InferenceOptions.crop_size is --eval_crop_size in deeplab-eval and
---vis_crop_size in deeplab-vis).
+--vis_crop_size in deeplab-vis). Library log lines that name fields are
+`errors.Message`s: `flag_terms_in_logs` shows them in flags the same way.
 """
+import contextlib
 import dataclasses
 import json
 import logging
@@ -132,6 +134,37 @@ def user_message(error_or_text, flag_names=None):
   return getattr(error_or_text, 'message', None) or str(error_or_text)
 
 
+class _FlagTerms(logging.Filter):
+  """Renders a record whose message is an errors.Message in a command's
+  flags (absl's handler and Python's call str() on it otherwise, which
+  shows the fields bare)."""
+
+  def __init__(self, flag_names):
+    super().__init__()
+    self._name_of = flag_namer(flag_names)
+
+  def filter(self, record):
+    if isinstance(record.msg, errors.Message) and not record.args:
+      record.msg = record.msg.render(self._name_of)
+    return True
+
+
+@contextlib.contextmanager
+def flag_terms_in_logs(flag_names=None):
+  """Within it, the log's errors.Message lines (e.g. the initial
+  checkpoint's hint '{TrainOptions.initialize_last_layer}=false') name the
+  command's flags ('--initialize_last_layer=false'), from every thread."""
+  terms = _FlagTerms(flag_names)
+  handlers = list(logging.getLogger().handlers)
+  for handler in handlers:
+    handler.addFilter(terms)
+  try:
+    yield
+  finally:
+    for handler in handlers:
+      handler.removeFilter(terms)
+
+
 def check_no_positional(command, argv):
   if len(argv) > 1:
     raise config.ConfigError('unexpected argument(s) %s; %s takes only '
@@ -160,7 +193,7 @@ def run_body(command, argv, body, bad_input=None, flag_names=None):
   """
   code = None
   try:
-    with signals.raised_in_main():
+    with signals.raised_in_main(), flag_terms_in_logs(flag_names):
       code = _run_body(command, argv, body, bad_input, flag_names)
   except signals.Stopped as e:
     if code is None:

@@ -538,8 +538,9 @@ def main(argv):
     if len(argv) > 1:
       raise config.ConfigError('unexpected arguments %s (flags are written '
                                '--name=value)' % ' '.join(argv[1:]))
-    result = run_job(options_from_flags(), start, process_signals,
-                     result_json)
+    with app.flag_terms_in_logs(FLAG_NAMES):
+      result = run_job(options_from_flags(), start, process_signals,
+                       result_json)
   except config.ConfigError as e:
     result = result_lib.RunResult('bad_input', 'bad_input',
                                   seconds=time.time() - start,

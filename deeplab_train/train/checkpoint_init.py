@@ -22,6 +22,7 @@ import tensorflow.compat.v1 as tf
 
 from deeplab_train import restore as restore_lib
 from deeplab_train.config import ConfigError
+from deeplab_train.config import errors
 from deeplab_train.runtime import checkpoint_state
 from deeplab_train.train import scopes
 
@@ -57,7 +58,7 @@ class InitPlan:
   excluded: List[str]
   missing: List[str]
   mismatched: List[Tuple[str, Tuple[int, ...], Tuple[int, ...]]]
-  hints: List[str]
+  hints: List[errors.Message]
   saver: Optional[tf.train.Saver] = None
   unused: int = 0  # checkpoint variables the model does not have
 
@@ -69,7 +70,10 @@ class InitPlan:
                  self.checkpoint)
 
   def summary_lines(self):
-    """Human-readable lines: counts, examples, hints."""
+    """Human-readable lines: counts, examples, hints. The hints are
+    errors.Message: they name options as fields, which a command's log
+    shows as its flags (cli/app.flag_terms_in_logs); str() shows them
+    bare."""
     lines = ['Initial checkpoint %s: %d variables to restore, %d excluded '
              '(last layers), %d skipped missing from the checkpoint, %d '
              'skipped with a shape mismatch (%d checkpoint variables unused)'
@@ -82,7 +86,8 @@ class InitPlan:
     for name, ckpt_shape, model_shape in self.mismatched[:_SHOW]:
       lines.append('  shape mismatch: %s is %s in the checkpoint, %s in the '
                    'model' % (name, list(ckpt_shape), list(model_shape)))
-    lines.extend('  hint: ' + h for h in self.hints)
+    lines.extend(errors.Message('  hint: ' + h.template, *h.values)
+                 for h in self.hints)
     return lines
 
 
@@ -98,13 +103,15 @@ def _mismatch_hint(mismatched, logits_scopes):
         and ckpt_shape[:-1] == model_shape[:-1]):
       only_logits = all(scopes.in_scopes(n, logits_scopes)
                         for n, _, _ in mismatched)
-      return ('logits have %d classes in the checkpoint, the model %d: pass '
-              'initialize_last_layer=false%s to start them afresh'
-              % (ckpt_shape[-1], model_shape[-1],
-                 ' last_layers_contain_logits_only=true'
-                 if only_logits else ''))
-  return ('last-layer shapes differ from the checkpoint: pass '
-          'initialize_last_layer=false to start them afresh')
+      return errors.Message(
+          'logits have %d classes in the checkpoint, the model %d: pass '
+          '{TrainOptions.initialize_last_layer}=false'
+          + (' {TrainOptions.last_layers_contain_logits_only}=true'
+             if only_logits else '') + ' to start them afresh',
+          ckpt_shape[-1], model_shape[-1])
+  return errors.Message(
+      'last-layer shapes differ from the checkpoint: pass '
+      '{TrainOptions.initialize_last_layer}=false to start them afresh')
 
 
 def make_init_plan(checkpoint, variables, exclude_scopes=(),
@@ -191,12 +198,12 @@ def make_init_plan(checkpoint, variables, exclude_scopes=(),
   ranges = [n for n in unused
             if n.endswith(restore_lib.QUANTISATION_RANGE_SUFFIXES)]
   if ranges:
-    hints.append(
+    hints.append(errors.Message(
         'the checkpoint holds %d quantisation ranges (e.g. %s) of '
         'quantisation-aware training: deeplab-train trains the float network '
         'from its weights and leaves the ranges out; deeplab-export '
-        '--tflite_quantize=int8 quantises an exported model'
-        % (len(ranges), _examples(ranges[:2])))
+        '--tflite_quantize=int8 quantises an exported model',
+        len(ranges), _examples(ranges[:2])))
   return InitPlan(checkpoint, sorted(restored), sorted(excluded),
                   sorted(missing), sorted(mismatched), hints, saver,
                   len(unused))
