@@ -553,6 +553,9 @@ def test_sigkill_then_restart_resumes_at_the_checkpoint(tmp_path, records):
   assert 'from step %d to %d' % (resumed_from, last) in err
   assert 'stale lock' in err
   assert 'RESUMING' in err and 'IGNORED' in err
+  # In the command's terms (absl's handler renders the library's fields).
+  assert ('--tf_initial_checkpoint=%s/model.ckpt-0 is IGNORED' % logdir
+          in err), err[-3000:]
   assert tt.latest_step(logdir) == last
   assert not (logdir / lock_lib.LOCK_FILENAME).exists()
   saved = config.load_run_config(str(logdir))

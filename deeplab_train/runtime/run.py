@@ -444,10 +444,10 @@ class TrainingRun:
                   self.signals]
     budget = None
     if run_options.max_run_seconds and not self._keeps_its_own_budget():
-      logging.info('--max_run_seconds=%g is the chief\'s in a synchronous '
-                   'run: once it trains, this worker stops when the chief '
-                   'does (until then, on its own budget)',
-                   run_options.max_run_seconds)
+      logging.info(errors.Message(
+          '{RunOptions.max_run_seconds}=%g is the chief\'s in a synchronous '
+          'run: once it trains, this worker stops when the chief does (until '
+          'then, on its own budget)', run_options.max_run_seconds))
     elif run_options.max_run_seconds:
       budget = hooks_lib.TimeBudgetHook(run_options.max_run_seconds,
                                         self.start, self.stop)
@@ -798,12 +798,12 @@ def _starting_point(train_options, run_options):
   if train_options.tf_initial_checkpoint:
     if latest:
       bar = '!' * 72
-      logging.warning(
+      logging.warning(errors.Message(
           '\n%s\n  %s already holds checkpoint %s (step %d): RESUMING from '
-          'it.\n  tf_initial_checkpoint=%s is IGNORED (it only initialises '
-          'a new run).\n  Use an empty train_logdir to start afresh from '
-          'it.\n%s', bar, logdir, latest, step,
-          train_options.tf_initial_checkpoint, bar)
+          'it.\n  {TrainOptions.tf_initial_checkpoint}=%s is IGNORED (it '
+          'only initialises a new run).\n  Use an empty '
+          '{RunOptions.train_logdir} to start afresh from it.\n%s', bar,
+          logdir, latest, step, train_options.tf_initial_checkpoint, bar))
     else:
       init = checkpoint_init.resolve_checkpoint(
           train_options.tf_initial_checkpoint)

@@ -21,6 +21,8 @@ import math
 
 import tensorflow.compat.v1 as tf
 
+from deeplab_train.config import errors
+
 
 def learning_rate(global_step, options):
   """The learning-rate tensor.
@@ -46,11 +48,12 @@ def learning_rate(global_step, options):
     step = tf.cast(global_step, tf.float32)
     s = tf.maximum(step - options.slow_start_step, 0.0)
     if options.slow_start_step >= options.training_number_of_steps:
-      logging.warning(
-          'slow_start_step=%d is not below training_number_of_steps=%d: the '
-          'whole run trains at slow_start_learning_rate=%g',
+      logging.warning(errors.Message(
+          '{TrainOptions.slow_start_step}=%d is not below '
+          '{TrainOptions.training_number_of_steps}=%d: the whole run trains '
+          'at {TrainOptions.slow_start_learning_rate}=%g',
           options.slow_start_step, options.training_number_of_steps,
-          options.slow_start_learning_rate)
+          options.slow_start_learning_rate))
     # At least one step: the rate after a slow start that never ends is
     # never used, but must not divide by 0.
     horizon = float(options.decay_steps or max(
