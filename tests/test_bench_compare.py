@@ -209,6 +209,25 @@ def test_split_flag_args_keeps_ours_only_flags_apart():
   assert names == ('mixed_precision',)
 
 
+def test_paths_given_to_the_trainers_are_absolute(tmp_path, monkeypatch):
+  """The original's train.sh runs from its own folder: a relative
+  --dataset_dir matched no records there, and its failure read 'no timed
+  step after the 1 warm-up steps'."""
+  monkeypatch.chdir(tmp_path)
+  trainer = compare.Trainer(compare.ORIGINAL_NAME, ('train.sh',), ('--a=1',),
+                            None, None)
+  argv = compare._run_args(  # pylint: disable=protected-access
+      trainer, 'work/round1', ('pascal_voc_seg', 'voc', 'train'), 4)
+  assert '--dataset_dir=%s' % (tmp_path / 'voc') in argv
+  assert '--train_logdir=%s' % (tmp_path / 'work' / 'round1') in argv
+  shared, _, _ = compare.split_flag_args([
+      ('dense_prediction_cell_json', ('--dense_prediction_cell_json=dpc.json',
+                                      )),
+      ('profile_logdir', ('--profile_logdir=',))])
+  assert shared == ('--dense_prediction_cell_json=%s' % (tmp_path / 'dpc.json'),
+                    '--profile_logdir=')
+
+
 def test_label_weights_scheme_goes_to_deeplab_train_only():
   shared, ours_only, names = compare.split_flag_args([
       ('label_weights', ('--label_weights=auto',)),

@@ -204,12 +204,25 @@ def split_flag_args(flag_args):
   for name, args in flag_args:
     if name in CONTROLLED_FLAG_NAMES:
       continue
+    if name in _PATH_FLAG_NAMES:
+      args = tuple(_absolute(a) for a in args)
     if name in ORIGINAL_FLAG_NAMES and not _ours_only_value(name, args):
       shared.extend(args)
     else:
       ours_only.extend(args)
       names.append(name)
   return tuple(shared), tuple(ours_only), tuple(names)
+
+
+# Flags naming a file or folder: made absolute, since the original's
+# train.sh changes to its own folder first.
+_PATH_FLAG_NAMES = frozenset(('dense_prediction_cell_json', 'profile_logdir'))
+
+
+def _absolute(arg):
+  """'--name=path' with the path made absolute (an empty one kept)."""
+  name, _, value = arg.partition('=')
+  return '%s=%s' % (name, os.path.abspath(value)) if value else arg
 
 
 def _ours_only_value(name, args):
@@ -411,9 +424,12 @@ def trainers(job):
 
 def _run_args(trainer, logdir, data, steps):
   dataset, dataset_dir, split = data
+  # Absolute: the original's train.sh runs from its own folder.
   return (trainer.command +
-          ('--train_logdir=%s' % logdir, '--dataset=%s' % dataset,
-           '--dataset_dir=%s' % dataset_dir, '--train_split=%s' % split,
+          ('--train_logdir=%s' % os.path.abspath(logdir),
+           '--dataset=%s' % dataset,
+           '--dataset_dir=%s' % os.path.abspath(dataset_dir),
+           '--train_split=%s' % split,
            '--training_number_of_steps=%d' % steps, '--log_steps=1') +
           trainer.args)
 
