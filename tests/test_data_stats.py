@@ -177,6 +177,28 @@ def test_records_of_the_original_converter(tmp_path):
   assert not (tmp_path / 'dataset.json').exists()
 
 
+def test_write_dataset_json_to_a_read_only_folder_is_refused_first(
+    tmp_path, monkeypatch):
+  """It counted the whole split, printed the table, then failed (exit 1)
+  taking the folder's lock."""
+  _original_records(str(tmp_path / 'train-00000-of-00001.tfrecord'),
+                    np.random.RandomState(4))
+  real_access = os.access
+  monkeypatch.setattr(os, 'access', lambda p, mode: (
+      False if p == str(tmp_path) else real_access(p, mode)))
+  counted = []
+  monkeypatch.setattr(stats_cli, 'count', counted.append)
+  code, _, result = _run_stats(['--dataset_dir=%s' % tmp_path,
+                                '--dataset=pascal_voc_seg',
+                                '--write_dataset_json'])
+  assert (code, result['status'], counted) == (2, 'bad_input', [])
+  assert result['message'] == (
+      '--dataset_dir=%s is not writable: --write_dataset_json writes its '
+      'dataset.json (and its lock) there; leave that flag out to count only'
+      % tmp_path)
+  assert sorted(os.listdir(tmp_path)) == ['train-00000-of-00001.tfrecord']
+
+
 def test_write_dataset_json_enables_auto_weights(tmp_path, caplog):
   _original_records(str(tmp_path / 'train-00000-of-00001.tfrecord'),
                     np.random.RandomState(4))

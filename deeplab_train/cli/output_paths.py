@@ -65,6 +65,15 @@ def check_output_folder(flag_name, path):
     raise problem
 
 
+def check_writable(flag_name, path, why):
+  """Raises ConfigError when the existing folder `path` given by
+  --flag_name (an input folder the command also writes to) refuses new
+  entries; `why` says what is written there and how to do without."""
+  refusal = _write_refusal(path)
+  if refusal:
+    raise config.ConfigError('--%s=%s %s: %s', flag_name, path, refusal, why)
+
+
 def check_output_file(flag_name, path):
   """Raises ConfigError when the file `path` given by --flag_name cannot be
   written: a folder, under a file, or in a folder that is not writable."""

@@ -41,6 +41,7 @@ from absl import flags
 from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import flag_table
+from deeplab_train.cli import output_paths
 from deeplab_train.config import ConfigError
 from deeplab_train.data import build_inputs
 from deeplab_train.data import datasets
@@ -124,6 +125,12 @@ def options_from_flags():
   from deeplab_train.data import pipeline  # pylint: disable=g-import-not-at-top
   listed = _listed(FLAGS.dataset_dir, FLAGS.split)
   files = pipeline.split_files(FLAGS.dataset_dir, FLAGS.split)
+  if FLAGS.write_dataset_json:
+    # Before the counting, which can take long.
+    output_paths.check_writable(
+        'dataset_dir', FLAGS.dataset_dir,
+        '--write_dataset_json writes its dataset.json (and its lock) there; '
+        'leave that flag out to count only')
   return StatsJob(dataset_dir=FLAGS.dataset_dir, split=FLAGS.split,
                   files=tuple(files), dataset_info=_dataset_info(),
                   write_dataset_json=FLAGS.write_dataset_json, listed=listed)
