@@ -16,6 +16,7 @@ from deeplab_train.data import build
 from deeplab_train.data import colormap
 from deeplab_train.data import datasets
 from deeplab_train.data import pipeline
+from deeplab_train.data import tfrecord
 import test_data_common as common
 
 TINY = datasets.DatasetInfo(name='tiny', num_classes=4, ignore_label=255,
@@ -197,6 +198,56 @@ def test_split_errors_are_clear_and_immediate(tmp_path, tiny_dir):
   with pytest.raises(ConfigError, match=r"split 'val' is incomplete: "
                                         r"shard\(s\) val-00000-of-00002"):
     make(str(tmp_path), 'val')
+
+
+def test_a_shard_cut_inside_a_header_is_named_not_read_as_its_end(
+    tmp_path, tiny_dir, monkeypatch):
+  """TensorFlow's reader takes a file ending inside a record's 12-byte
+  header (or one of 1 to 11 bytes) for one that ends there: deeplab-stats
+  and deeplab-eval counted the split short with exit 0."""
+  out, _ = tiny_dir
+  shard = sorted(f for f in os.listdir(out) if f.startswith('val-'))[0]
+  data = open(os.path.join(out, shard), 'rb').read()
+  sizes = [len(r) + 16 for r in tf.io.tf_record_iterator(
+      os.path.join(out, shard))]
+  assert len(sizes) >= 2 and sum(sizes) == len(data)
+  whole = sizes[0]
+  for kept, record, offset in ((sum(sizes[:-1]) + 6, len(sizes) - 1,
+                                sum(sizes[:-1])),   # in the last header
+                               (whole + 12 + 3, 1, whole),  # in its data
+                               (5, 0, 0), (11, 0, 0)):
+    copy = tmp_path / ('cut%d' % kept)
+    copy.mkdir()
+    for name in os.listdir(out):
+      if name.startswith('val-'):
+        (copy / name).write_bytes(open(os.path.join(out, name), 'rb').read())
+    (copy / shard).write_bytes(data[:kept])
+    path = str(copy / shard)
+    assert tfrecord.cut_short(path) == (record, offset), kept
+    with pytest.raises(ConfigError) as error:
+      pipeline.split_files(str(copy), 'val')
+    assert str(error.value) == (
+        'corrupted TFRecord input: %s: record %d (byte offset %d) is damaged '
+        'or cut short; convert the data again with deeplab-build-data'
+        % (path, record, offset))
+    # Named also when a read failed on it (the file cut after the check).
+    assert pipeline.damaged_record([path]) == (path, record, offset)
+  assert tfrecord.cut_short(os.path.join(out, shard)) is None
+  # Asked again (split_files runs at every evaluation), the file is not
+  # read again while it is the same.
+  real_open = open
+  reads = []
+
+  def counted(path, *args, **kwargs):
+    reads.append(path)
+    return real_open(path, *args, **kwargs)
+  monkeypatch.setattr('builtins.open', counted)
+  assert tfrecord.cut_short(os.path.join(out, shard)) is None
+  assert reads == []
+  monkeypatch.undo()
+  # Eight bytes of garbage: a length far past the file's end.
+  (tmp_path / 'garbage').write_bytes(b'\xff' * 8)
+  assert tfrecord.cut_short(str(tmp_path / 'garbage')) == (0, 0)
 
 
 def test_training_batches_repeat_with_static_shapes(tiny_dir):

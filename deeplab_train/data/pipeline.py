@@ -76,8 +76,9 @@ def split_files(dataset_dir, split):
 
   Raises:
     ConfigError: missing folder, a build stopped half-way through renaming
-      its files into it, no `{split}-*` files, only empty files, or an
-      incomplete shard set.
+      its files into it, no `{split}-*` files, only empty files, an
+      incomplete shard set, or a file cut short (which TensorFlow's reader
+      may take for its end).
   """
   if not dataset_dir or not os.path.isdir(dataset_dir):
     raise ConfigError('{split_files.dataset_dir}=%s is not a folder',
@@ -102,6 +103,10 @@ def split_files(dataset_dir, split):
     raise ConfigError('split %r in %s has no records (all %d files are '
                       'empty)' % (split, dataset_dir, len(files)))
   _check_complete(files, split)
+  for path in files:
+    cut = tfrecord.cut_short(path)
+    if cut:
+      raise ConfigError('%s', _damaged_message((path,) + cut))
   return files
 
 
@@ -129,9 +134,7 @@ def data_error_message(error, record_files=None):
   if isinstance(error, tf.errors.DataLossError):
     found = damaged_record(record_files or ())
     if found:
-      return ('corrupted TFRecord input: %s: record %d (byte offset %d) is '
-              'damaged or cut short; convert the data again with '
-              'deeplab-build-data' % found)
+      return _damaged_message(found)
     return 'corrupted TFRecord input: %s' % _first_line(error.message)
   if not isinstance(error, tf.errors.InvalidArgumentError):
     return None
@@ -199,6 +202,13 @@ def unparsable_record(files):
   return None
 
 
+def _damaged_message(found):
+  """The message of `damaged_record`'s (file, record index, offset)."""
+  return ('corrupted TFRecord input: %s: record %d (byte offset %d) is '
+          'damaged or cut short; convert the data again with '
+          'deeplab-build-data' % found)
+
+
 def damaged_record(files):
   """(file, record index, byte offset) of the first record of `files` that
   cannot be read (cut short or failing its checksum), or None.
@@ -214,6 +224,10 @@ def damaged_record(files):
         index += 1
     except tf.errors.DataLossError:
       return path, index, offset
+    # The reader stops without an error in a cut-short header.
+    cut = tfrecord.cut_short(path) if os.path.isfile(path) else None
+    if cut:
+      return (path,) + cut
   return None
 
 

@@ -12,6 +12,7 @@ stored as-is would decode to grey levels instead of ids.
 import fnmatch
 import os
 import re
+import struct
 
 import tensorflow.compat.v1 as tf
 
@@ -77,6 +78,50 @@ def list_split_files(dataset_dir, split):
   return sorted(os.path.join(dataset_dir, f)
                 for f in os.listdir(dataset_dir)
                 if fnmatch.fnmatchcase(f, pattern) and not f.startswith('.'))
+
+
+# A record's frame: its length (8 bytes, little-endian), the length's CRC
+# (4), the data, the data's CRC (4).
+_HEADER_BYTES = 12
+_FOOTER_BYTES = 4
+
+
+def cut_short(path):
+  """(record index, byte offset) of the record of the TFRecord file `path`
+  that the file ends inside of, or None when it ends after a whole record.
+
+  TensorFlow's reader takes a file that ends inside a record's 12-byte
+  header for a file that ends there: the records from there on are lost
+  without an error. Only the lengths are read (a seek per record), not the
+  data; checksums are the reader's. Remembered per file version (inode,
+  size, mtime): split_files asks at every evaluation of a run.
+  """
+  info = os.stat(path)
+  key = (path, info.st_ino, info.st_size, info.st_mtime_ns)
+  if key not in _CUT_SHORT:
+    _CUT_SHORT[key] = _cut_short(path, info.st_size)
+  return _CUT_SHORT[key]
+
+
+# cut_short's answers, by (path, inode, size, mtime).
+_CUT_SHORT = {}
+
+
+def _cut_short(path, size):
+  index = offset = 0
+  # Unbuffered: 8 bytes read per record, not a buffer's worth.
+  with open(path, 'rb', buffering=0) as f:
+    while offset < size:
+      if size - offset < _HEADER_BYTES:
+        return index, offset
+      f.seek(offset)
+      length = struct.unpack('<Q', f.read(8))[0]
+      end = offset + _HEADER_BYTES + length + _FOOTER_BYTES
+      if end > size:
+        return index, offset
+      offset = end
+      index += 1
+  return None
 
 
 def largest_image_size(files):
