@@ -177,6 +177,22 @@ def test_records_of_the_original_converter(tmp_path):
   assert not (tmp_path / 'dataset.json').exists()
 
 
+@pytest.mark.parametrize('num_classes', [257, 1000000000])
+def test_a_class_count_past_8_bit_labels_is_refused(tmp_path, num_classes):
+  """--num_classes=1000000000 (a typo) took all the memory there was, then
+  a MemoryError traceback (exit 1); 100000 printed a 100,003-line table."""
+  _original_records(str(tmp_path / 'val-00000-of-00001.tfrecord'),
+                    np.random.RandomState(4))
+  code, _, result = _run_stats(['--dataset_dir=%s' % tmp_path,
+                                '--split=val', '--dataset=mine',
+                                '--num_classes=%d' % num_classes])
+  assert (code, result['status']) == (2, 'bad_input')
+  assert result['message'] == (
+      '--num_classes=%d --ignore_label=255: num_classes must be at most 256 '
+      '(labels are 8-bit PNGs: ids 0..255), got %d'
+      % (num_classes, num_classes))
+
+
 def test_write_dataset_json_to_a_read_only_folder_is_refused_first(
     tmp_path, monkeypatch):
   """It counted the whole split, printed the table, then failed (exit 1)

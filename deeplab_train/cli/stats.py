@@ -181,7 +181,9 @@ def _dataset_info():
                         '--num_classes: add it')
     return datasets.DatasetInfo(
         name=FLAGS.dataset, num_classes=FLAGS.num_classes,
-        ignore_label=FLAGS.ignore_label, splits_to_sizes={}).validate()
+        ignore_label=FLAGS.ignore_label, splits_to_sizes={}).validate(
+            '--num_classes=%d --ignore_label=%d'
+            % (FLAGS.num_classes, FLAGS.ignore_label))
   if described is not None and not common_flags.explicitly_set('dataset'):
     return described
   if described is None and FLAGS.dataset not in datasets.BUILTIN_DATASETS:

@@ -32,6 +32,8 @@ from deeplab_train.data import colormap as colormap_lib
 from deeplab_train.data import stats as stats_lib
 
 DATASET_JSON = 'dataset.json'
+# Labels are 8-bit PNGs (decoded as uint8): class ids 0..255.
+MAX_CLASSES = 256
 
 _log = logging.getLogger(__name__)
 
@@ -139,6 +141,12 @@ class DatasetInfo:
     if not isinstance(self.num_classes, int) or self.num_classes < 1:
       raise ConfigError('%s: num_classes must be a positive integer, got %r'
                         % (source, self.num_classes))
+    if self.num_classes > MAX_CLASSES:
+      # Counted, drawn and scored per class: a typo (1000000000) took all
+      # the memory there is.
+      raise ConfigError('%s: num_classes must be at most %d (labels are '
+                        '8-bit PNGs: ids 0..255), got %d'
+                        % (source, MAX_CLASSES, self.num_classes))
     if not isinstance(self.ignore_label, int) or self.ignore_label < 0:
       raise ConfigError('%s: ignore_label must be a non-negative integer, '
                         'got %r' % (source, self.ignore_label))
