@@ -351,10 +351,14 @@ def test_an_export_without_its_dataset_names_what_to_give(tiny, tmp_path,
   photos = tmp_path / 'photos'
   photos.mkdir()
   Image.fromarray(et.tiny_images()[0][1]).save(photos / 'a.png')
-  assert et.run_cli(vis_cli, ['--exported_model=' + tiny['pb'],
-                              '--image_dir=%s' % photos,
-                              '--vis_logdir=%s' % (tmp_path / 'out')]) == 2
-  err = capsys.readouterr().err.splitlines()[-1]
-  assert ('give the dataset it was trained on (--dataset_dir=ITS_TFRECORDS, '
-          'or --dataset=ITS_NAME), or put the deeplab_config.json of its '
-          'training run beside it') in err, err
+  # With a colormap of 19 colours, the default dataset's 21 classes were
+  # taken for the model's ('the model predicts 21: choose pascal').
+  for extra in ([], ['--colormap_type=cityscapes']):
+    assert et.run_cli(vis_cli, ['--exported_model=' + tiny['pb'],
+                                '--image_dir=%s' % photos,
+                                '--vis_logdir=%s' % (tmp_path / 'out')]
+                      + extra) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert ('give the dataset it was trained on (--dataset_dir='
+            'ITS_TFRECORDS, or --dataset=ITS_NAME), or put the '
+            'deeplab_config.json of its training run beside it') in err, err

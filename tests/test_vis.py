@@ -116,6 +116,26 @@ def test_image_dir_cityscapes_colours_and_limit(tiny, tmp_path, capsys):
   capsys.readouterr()
 
 
+def test_a_colormap_with_fewer_colours_than_classes_is_refused_first(
+    tiny, tmp_path, capsys, monkeypatch):
+  """A 21-class model drawn with --colormap_type=cityscapes (19 colours)
+  failed with a traceback (exit 1) at the first image predicting class 19
+  or 20, after legend.png and the images before it were written. The tiny
+  model has 3 classes, so cityscapes is given 2 colours here."""
+  monkeypatch.setitem(colormap.DEFINED_ENTRIES, 'cityscapes', 2)
+  out = tmp_path / 'vis'
+  code = et.run_cli(vis_cli, ['--checkpoint_dir=' + tiny['checkpoint'],
+                              '--dataset_dir=' + tiny['data'],
+                              '--vis_logdir=%s' % out, '--vis_legend=file',
+                              '--colormap_type=cityscapes'])
+  captured = capsys.readouterr()
+  assert code == 2, captured.err[-2000:]
+  assert ('deeplab-vis: error: --colormap_type=cityscapes colours 2 classes '
+          '(ids 0..1), the model predicts 3: choose pascal (256 colours), or '
+          'leave the flag out for the dataset\'s own colours') in captured.err
+  assert not out.exists()
+
+
 def test_image_dir_beside_dataset_dir_is_named(tiny, tmp_path, caplog):
   """With both, the folder's images are drawn: --vis_split was silently
   not read."""

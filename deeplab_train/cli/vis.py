@@ -211,6 +211,19 @@ def options_from_flags():
   return job
 
 
+def _check_colormap_covers(name, num_classes):
+  """A named colormap must colour every class the model predicts: it
+  failed at the first image predicting one past it, some drawn already.
+  `num_classes`: None when the model does not say (a frozen graph)."""
+  defined = colormap_lib.DEFINED_ENTRIES.get(name)
+  if defined is not None and num_classes and num_classes > defined:
+    raise config.ConfigError(
+        '{VisOptions.colormap}=%s colours %d classes (ids 0..%d), the model '
+        'predicts %d: choose pascal (256 colours), or leave the flag out '
+        'for the dataset\'s own colours', name, defined, defined - 1,
+        num_classes)
+
+
 def _samples(job, unreadable):
   """The images to draw: the image folder's (its unreadable files listed
   in `unreadable` and skipped), or the split's."""
@@ -258,8 +271,14 @@ def run_vis(job):
     if job.exported_model:
       model.check_num_classes(info.num_classes,
                               common_flags.classes_source(job.dataset_dir))
+      # What the dataset flags say is checked against the model only
+      # where the model says its count.
+      predicted = model.num_classes
     else:
       model.restore(job.checkpoint)
+      predicted = job.model_options.num_classes
+    # Before legend.png and the first image.
+    _check_colormap_covers(job.vis_options.colormap, predicted)
     count = vis.visualize(model, samples, job.vis_logdir, colormap,
                           job.vis_options, batch_size=job.batch_size,
                           train_id_to_eval_id=eval_ids,
