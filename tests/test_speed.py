@@ -573,6 +573,33 @@ def test_bench_keeps_the_faster_of_the_peaks_before_and_after(monkeypatch):
   assert result['peak_fraction'] == pytest.approx(26.0 / 130.0)
 
 
+def test_bench_names_a_damaged_record(tmp_path, monkeypatch):
+  """deeplab-bench --bench_data=dataset_dir on a damaged shard printed
+  TensorFlow's 20-line graph error ('corrupted record at 9815'), naming no
+  file; deeplab-train names the file and the record."""
+  info = tt.make_tfrecords(tmp_path / 'records', count=3)
+  shard, = (tmp_path / 'records').glob('train-*.tfrecord')
+  sizes = [len(r) + 16 for r in tf.io.tf_record_iterator(str(shard))]
+  data = bytearray(shard.read_bytes())
+  middle = sizes[0] + 12 + 100  # inside the second record's data
+  data[middle:middle + 64] = bytes(64)
+  shard.write_bytes(bytes(data))
+  monkeypatch.setattr(measure, 'matmul_peak_gflops', lambda *args: 100.0)
+  job = benchmark.BenchJob(
+      model_options=_model_options(), train_options=_train_options(),
+      preprocess_options=PreprocessOptions(crop_size=(CROP, CROP)),
+      dataset_dir=str(tmp_path / 'records'), dataset_info=info,
+      split='train', data='dataset_dir', mixed_precision='none',
+      use_xla=False, session_config=None, peak_session_config=None,
+      build_graph=None)
+  with pytest.raises(config.ConfigError) as error:
+    benchmark.run_benchmark(job, bench.BenchOptions())
+  assert str(error.value) == (
+      'corrupted TFRecord input: %s: record 1 (byte offset %d) is damaged '
+      'or cut short; convert the data again with deeplab-build-data'
+      % (shard, sizes[0]))
+
+
 def test_bench_command_prints_table_and_json(tmp_path):
   proc = _run_bench(['--mixed_precision=bf16'], tmp_path)
   assert proc.returncode == 0, proc.stderr[-3000:]

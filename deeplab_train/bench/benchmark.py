@@ -1,4 +1,5 @@
 """One benchmark run: the options, the job, and `run_benchmark`."""
+import contextlib
 import dataclasses
 import os
 from typing import Callable
@@ -114,6 +115,21 @@ def _matmul_peaks(job, options):
   return peak(tf.float32), peak(tf.bfloat16) if bf16 else None
 
 
+@contextlib.contextmanager
+def _data_errors_named(job):
+  """A read of bad records raises ConfigError naming the file and record
+  (as deeplab-train says it), not TensorFlow's graph error."""
+  try:
+    yield
+  except tf.errors.OpError as e:
+    files = (pipeline.split_files(job.dataset_dir, job.split)
+             if job.dataset_dir and os.path.isdir(job.dataset_dir) else None)
+    message = pipeline.data_error_message(e, files)
+    if message is None:
+      raise
+    raise errors.ConfigError('%s', message) from None
+
+
 def run_benchmark(job, options):
   """Measures (a)-(f) of the package docstring for one job.
 
@@ -134,9 +150,10 @@ def run_benchmark(job, options):
         job.dataset_dir, job.split, job.dataset_info, job.preprocess_options,
         batch, is_training=True, mean_pixel=job.mean_pixel)
 
-  input_rate = measure.input_pipeline_rate(
-      dataset_fn, batch, options.input_batches, options.input_warmup_batches,
-      job.peak_session_config)
+  with _data_errors_named(job):
+    input_rate = measure.input_pipeline_rate(
+        dataset_fn, batch, options.input_batches,
+        options.input_warmup_batches, job.peak_session_config)
 
   def input_fn():
     return tf.data.make_one_shot_iterator(dataset_fn()).get_next()
@@ -147,9 +164,10 @@ def run_benchmark(job, options):
   scaffold = built.scaffold
   if scaffold is not None and scaffold.init_fn is not None:
     init_fn = lambda sess: scaffold.init_fn(scaffold, sess)
-  times = measure.time_training(built.graph, built.train_op,
-                                built.total_loss, job.session_config,
-                                options, init_fn)
+  with _data_errors_named(job):
+    times = measure.time_training(built.graph, built.train_op,
+                                  built.total_loss, job.session_config,
+                                  options, init_fn)
   # Measured again after the steps, the faster figure kept: another load
   # on a shared machine during one measurement lowers it (an xception_65
   # run once reported 86 GFLOP/s where lone measurements gave 114-155).
