@@ -158,6 +158,9 @@ def test_image_too_large_in_the_child_is_bad_input(models, capsys):
                 '--bench_image_size=50,50', '--bench_runs=1',
                 '--bench_warmup_runs=0'], capsys)
   assert 'too large for the exported model %s: ' % models['.pb'] in err
+  # The flag to change is named (the hint was only to re-export).
+  assert err.startswith('deeplab-bench: error: --bench_image_size=50,50: ')
+  assert err.rstrip().endswith('; or give a smaller --bench_image_size'), err
 
 
 def test_table_of_fake_results():

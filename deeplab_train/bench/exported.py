@@ -37,6 +37,7 @@ from typing import Callable, List, Optional, Tuple
 from absl import logging
 import numpy as np
 
+from deeplab_train import config
 from deeplab_train.bench import compare
 from deeplab_train.bench import report
 from deeplab_train.config import errors
@@ -264,7 +265,12 @@ def measure_model(path, threads, image_size, options):
     batch = rng.randint(0, 256, (options.batch_size, height, width, 3),
                         dtype=np.uint8)
     start = time.perf_counter()
-    model.predict(batch[0])
+    try:
+      model.predict(batch[0])
+    except config.ImageTooLargeError as e:
+      raise errors.ConfigError(
+          '{ExportedBenchOptions.image_size}=%d,%d: %s; or give a smaller '
+          '{ExportedBenchOptions.image_size}', height, width, e) from None
     first_call = time.perf_counter() - start
     for _ in range(options.warmup_runs):
       model.predict(batch[0])
