@@ -116,6 +116,27 @@ def test_thread_counts_and_sizes():
     exported.image_sizes(facts[:1])
 
 
+def test_training_flags_with_exported_model_are_named_as_unread(caplog):
+  """--model_variant=xception_65 beside --exported_model was silently
+  ignored (deeplab-stats refuses another command's flags)."""
+  flags = bench_cli.FLAGS
+  flags.unparse_flags()
+  try:
+    flags(['prog', '--exported_model=x.pb', '--model_variant=xception_65',
+           '--train_batch_size=4', '--bench_runs=3', '--bench_json=r.json',
+           '--logtostderr'])
+    with caplog.at_level('WARNING'):
+      job = bench_cli.exported_options_from_flags()
+  finally:
+    flags.unparse_flags()
+  assert job.options.runs == 3
+  warned = [r.getMessage() for r in caplog.records
+            if 'not read with --exported_model' in r.getMessage()]
+  assert len(warned) == 1 and warned[0].startswith(
+      '--model_variant, --train_batch_size not read with --exported_model: '
+      'the models are measured as exported'), warned
+
+
 def _fails(args, capsys):
   """Runs deeplab-bench expecting exit 2; returns stderr + the JSON line."""
   code, _, err, line = _bench(args, capsys)

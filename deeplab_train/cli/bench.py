@@ -353,6 +353,17 @@ def _thread_counts():
   return tuple(counts)
 
 
+def _not_read_with_exported():
+  """The flags given (absl's own aside) that --exported_model's mode does
+  not read: training flags, e.g. --model_variant, were silently ignored."""
+  read = {'exported_model', 'bench_json', 'bench_child', 'flagfile'} | {
+      row[1] for row in _EXPORTED_TABLE}
+  return sorted({
+      FLAGS[name].name for name in FLAGS
+      if FLAGS[name].present and FLAGS[name].name not in read and
+      not (FLAGS.find_module_defining_flag(name) or '').startswith('absl')})
+
+
 def exported_options_from_flags():
   """The flags -> an ExportedCommandJob (--exported_model given).
 
@@ -363,6 +374,13 @@ def exported_options_from_flags():
     if FLAGS[other].value:
       raise config.ConfigError('--exported_model cannot be combined with '
                                '--%s: run them separately' % other)
+  unread = _not_read_with_exported()
+  if unread:
+    logging.warning(
+        '%s not read with --exported_model: the models are measured as '
+        'exported (only --bench_batch_size, --bench_threads, '
+        '--bench_image_size, --bench_runs, --bench_warmup_runs and '
+        '--bench_json apply)', ', '.join('--' + name for name in unread))
   # pylint: disable-next=g-import-not-at-top
   from deeplab_train.bench import exported as bench_exported
   options = bench_exported.ExportedBenchOptions(
