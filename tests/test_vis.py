@@ -136,6 +136,32 @@ def test_a_colormap_with_fewer_colours_than_classes_is_refused_first(
   assert not out.exists()
 
 
+def test_a_rerun_into_the_same_folder_names_what_an_earlier_run_left(
+    tiny, tmp_path, caplog, capsys):
+  """A second deeplab-vis into the same --vis_logdir replaced only the PNGs
+  it drew: the first run's other images, raw PNGs and overlays (of another
+  checkpoint, maybe) stayed beside them without a word."""
+  out = tmp_path / 'vis'
+  base = ['--checkpoint_dir=' + tiny['checkpoint'],
+          '--dataset_dir=' + tiny['data'], '--vis_logdir=%s' % out]
+  with caplog.at_level('WARNING'):
+    assert et.run_cli(vis_cli, base + ['--max_number_of_images=2',
+                                       '--also_save_raw_predictions']) == 0
+    assert 'earlier run' not in caplog.text  # a new folder
+    assert et.run_cli(vis_cli, base + ['--max_number_of_images=2',
+                                       '--also_save_raw_predictions']) == 0
+    assert 'earlier run' not in caplog.text  # every file replaced
+    assert et.run_cli(vis_cli, base + ['--max_number_of_images=1']) == 0
+  capsys.readouterr()
+  warned = [r.getMessage() for r in caplog.records
+            if 'earlier run' in r.getMessage()]
+  assert len(warned) == 1, warned
+  # The second image's two PNGs and both raw PNGs.
+  assert warned[0].startswith(
+      '4 file(s) in %s were left there by an earlier run and not replaced '
+      'by this one, e.g. %s/' % (out, vis.RAW_FOLDER)), warned
+
+
 def test_image_dir_beside_dataset_dir_is_named(tiny, tmp_path, caplog):
   """With both, the folder's images are drawn: --vis_split was silently
   not read."""

@@ -268,8 +268,11 @@ def visualize(predictor, samples, vis_logdir, colormap, vis_options,
     ValueError: legend 'file' with neither num_classes nor class_names.
   """
   vis_options.validate()
+  earlier = _outputs_in(vis_logdir)
+  written = set()
   if vis_options.legend == 'file':
-    write_legend_file(vis_logdir, colormap, class_names, num_classes)
+    written.add(write_legend_file(vis_logdir, colormap, class_names,
+                                  num_classes))
   unique = _UniqueStems()
   limit = vis_options.max_number_of_images
   count = 0
@@ -278,13 +281,37 @@ def visualize(predictor, samples, vis_logdir, colormap, vis_options,
       batch = batch[:limit - count]
     batch, labels = _predicted(predictor, batch, too_large)
     for sample, prediction in zip(batch, labels):
-      _write_one(sample, prediction, unique(sample['name']), vis_logdir,
-                 colormap, vis_options, train_id_to_eval_id, class_names)
+      written.update(_write_one(
+          sample, prediction, unique(sample['name']), vis_logdir, colormap,
+          vis_options, train_id_to_eval_id, class_names))
     count += len(batch)
     _log.info('visualised %d images', count)
     if 0 < limit <= count:
       break
+  left = sorted(earlier - written)
+  if left:
+    _log.warning(
+        '%d file(s) in %s were left there by an earlier run and not replaced '
+        'by this one, e.g. %s: they stay beside this run\'s (of another '
+        'checkpoint or other options, maybe); draw into an empty folder to '
+        'keep runs apart', len(left), vis_logdir,
+        ', '.join(os.path.relpath(p, vis_logdir) for p in left[:3]))
   return count
+
+
+def _outputs_in(vis_logdir):
+  """The paths of the PNGs in `vis_logdir`'s output folders and its
+  legend.png (what a run writes there)."""
+  out = set()
+  for folder in (SEMANTIC_FOLDER, RAW_FOLDER, OVERLAY_FOLDER):
+    path = os.path.join(vis_logdir, folder)
+    if os.path.isdir(path):
+      out.update(os.path.join(path, name) for name in os.listdir(path)
+                 if name.endswith('.png') and not name.startswith('.'))
+  legend = os.path.join(vis_logdir, LEGEND_FILENAME)
+  if os.path.isfile(legend):
+    out.add(legend)
+  return out
 
 
 def _predicted(predictor, batch, too_large):
@@ -350,14 +377,19 @@ def _write_one(sample, prediction, stem, vis_logdir, colormap, vis_options,
     entries = legend_lib.legend_entries(prediction, class_names, colormap)
     decorate = lambda array: legend_lib.with_legend(array, entries)
   semantic = os.path.join(vis_logdir, SEMANTIC_FOLDER)
-  save_png(os.path.join(semantic, stem + '_image.png'), image)
-  save_png(os.path.join(semantic, stem + '_prediction.png'), decorate(colored))
+  written = [os.path.join(semantic, stem + '_image.png'),
+             os.path.join(semantic, stem + '_prediction.png')]
+  save_png(written[0], image)
+  save_png(written[1], decorate(colored))
   if vis_options.also_save_raw_predictions:
     raw = prediction
     if train_id_to_eval_id is not None:
       raw = np.asarray(train_id_to_eval_id)[raw]
-    save_png(os.path.join(vis_logdir, RAW_FOLDER, stem + '.png'),
-             labels_as_png_array(raw))
+    written.append(os.path.join(vis_logdir, RAW_FOLDER, stem + '.png'))
+    save_png(written[-1], labels_as_png_array(raw))
   if vis_options.save_overlay:
-    save_png(os.path.join(vis_logdir, OVERLAY_FOLDER, stem + '_overlay.png'),
+    written.append(os.path.join(vis_logdir, OVERLAY_FOLDER,
+                                stem + '_overlay.png'))
+    save_png(written[-1],
              decorate(overlay(image, colored, vis_options.overlay_alpha)))
+  return written
