@@ -1,6 +1,8 @@
 """deeplab-vis: PNGs named after the images, at their size, in the palette."""
 import json
 import os
+import re
+import signal
 import warnings
 
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 
 import eval_testing as et
 from deeplab_train import config
+from deeplab_train.cli import signals
 from deeplab_train.cli import vis as vis_cli
 from deeplab_train.data import colormap
 from deeplab_train.evaluation import legend
@@ -160,6 +163,33 @@ def test_a_rerun_into_the_same_folder_names_what_an_earlier_run_left(
   assert warned[0].startswith(
       '4 file(s) in %s were left there by an earlier run and not replaced '
       'by this one, e.g. %s/' % (out, vis.RAW_FOLDER)), warned
+
+
+def test_an_image_stopped_while_drawn_leaves_none_of_its_pngs(
+    tiny, tmp_path, monkeypatch, capsys):
+  """A SIGTERM while the last image's overlay was written left its image,
+  prediction and raw PNGs without it (3 of 5 tries)."""
+  drawn = []
+  real_overlay = vis.overlay
+
+  def stopped_at_the_second(*args):
+    drawn.append(True)
+    if len(drawn) == 2:
+      raise signals.Stopped(signal.SIGTERM)
+    return real_overlay(*args)
+  monkeypatch.setattr(vis, 'overlay', stopped_at_the_second)
+  out = tmp_path / 'vis'
+  code = et.run_cli(vis_cli, ['--checkpoint_dir=' + tiny['checkpoint'],
+                              '--dataset_dir=' + tiny['data'],
+                              '--vis_logdir=%s' % out, '--save_overlay',
+                              '--also_save_raw_predictions'])
+  capsys.readouterr()
+  assert code == 143
+  files = sorted(str(p.relative_to(out)) for p in out.rglob('*')
+                 if p.is_file())
+  stems = {re.sub(r'(_image|_prediction|_overlay)?\.png$', '',
+                  os.path.basename(f)) for f in files}
+  assert len(files) == 4 and len(stems) == 1, files  # the first image's
 
 
 def test_image_dir_beside_dataset_dir_is_named(tiny, tmp_path, caplog):

@@ -379,17 +379,20 @@ def _write_one(sample, prediction, stem, vis_logdir, colormap, vis_options,
   semantic = os.path.join(vis_logdir, SEMANTIC_FOLDER)
   written = [os.path.join(semantic, stem + '_image.png'),
              os.path.join(semantic, stem + '_prediction.png')]
-  save_png(written[0], image)
-  save_png(written[1], decorate(colored))
-  if vis_options.also_save_raw_predictions:
-    raw = prediction
-    if train_id_to_eval_id is not None:
-      raw = np.asarray(train_id_to_eval_id)[raw]
-    written.append(os.path.join(vis_logdir, RAW_FOLDER, stem + '.png'))
-    save_png(written[-1], labels_as_png_array(raw))
-  if vis_options.save_overlay:
-    written.append(os.path.join(vis_logdir, OVERLAY_FOLDER,
-                                stem + '_overlay.png'))
-    save_png(written[-1],
-             decorate(overlay(image, colored, vis_options.overlay_alpha)))
+  # An image's PNGs all or none: a stop (SIGTERM) while writing its
+  # overlay left its image, prediction and raw PNGs without it.
+  with atomic.together():
+    save_png(written[0], image)
+    save_png(written[1], decorate(colored))
+    if vis_options.also_save_raw_predictions:
+      raw = prediction
+      if train_id_to_eval_id is not None:
+        raw = np.asarray(train_id_to_eval_id)[raw]
+      written.append(os.path.join(vis_logdir, RAW_FOLDER, stem + '.png'))
+      save_png(written[-1], labels_as_png_array(raw))
+    if vis_options.save_overlay:
+      written.append(os.path.join(vis_logdir, OVERLAY_FOLDER,
+                                  stem + '_overlay.png'))
+      save_png(written[-1],
+               decorate(overlay(image, colored, vis_options.overlay_alpha)))
   return written
