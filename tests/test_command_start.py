@@ -8,6 +8,7 @@ the process reports at exit whether TensorFlow was imported.
 """
 import configparser
 import json
+import os
 import re
 import subprocess
 import sys
@@ -228,3 +229,35 @@ def test_inference_commands_refuse_what_they_cannot_honour(command, flag,
   assert result['message'].startswith(
       message % command if '%s' in message else message), result
   assert not imported
+
+
+_RUN = '''
+import importlib, sys
+module, function = sys.argv.pop(1).split(':')
+sys.argv[0] = sys.argv.pop(1)
+getattr(importlib.import_module(module), function)()
+'''
+
+
+@pytest.mark.skipif(not os.path.exists('/dev/full'),
+                    reason='needs /dev/full (a file every write fails on)')
+@pytest.mark.parametrize('command, args', [
+    ('deeplab-stats', ['--dataset_dir=/nonexistent/records']),
+    ('deeplab-train', ['--no_such_flag=1']),
+    ('deeplab-train', ['--train_logdir=/nonexistent/log',
+                       '--dataset_dir=/nonexistent/records']),
+])
+def test_a_stderr_that_cannot_be_written_keeps_the_result_line(
+    command, args, tmp_path):
+  """2>log on a full disk: the error line's OSError escaped the error
+  handling, and the command ended without its result line, exit 1 (a
+  cron round then said only 'failed with exit status 1')."""
+  with open('/dev/full', 'w') as full:
+    proc = subprocess.run(
+        [sys.executable, '-c', _RUN, ENTRY_POINTS[command], command] + args,
+        stdout=subprocess.PIPE, stderr=full, text=True,
+        env=tt.subprocess_env(), timeout=120, cwd=str(tmp_path))
+  lines = [json.loads(l) for l in proc.stdout.splitlines()
+           if l.startswith('{')]
+  assert (proc.returncode, [l['status'] for l in lines]) == (
+      2, ['bad_input']), proc.stdout[-2000:]

@@ -65,6 +65,9 @@ class Reported(Exception):
     self.exit_code = exit_code
 
 
+say = signals.say  # a line on stderr, which may fail (see there)
+
+
 def print_result(status, **fields):
   """Prints the command's JSON result line (sorted keys, flushed)."""
   line = dict(fields, event='result', status=status)
@@ -90,7 +93,7 @@ def report_result(command, result, result_json=None, flag_names=None):
     result = dataclasses.replace(
         result, message=user_message(result.detail, flag_names))
   if result.status != 'ok':
-    sys.stderr.write('%s: %s\n' % (command, result.message))
+    say('%s: %s' % (command, result.message))
   print(result.to_json(), flush=True)
   if result_json:
     try:
@@ -201,7 +204,7 @@ def run_body(command, argv, body, bad_input=None, flag_names=None):
       # being written is not put in place (its temp is removed on the way
       # out).
       message = 'stopped by %s' % e.name
-      sys.stderr.write('%s: %s\n' % (command, message))
+      say('%s: %s' % (command, message))
       print_result(result_lib.STOPPED_NOW[e.name], message=message)
       return signals.exit_code(e.signum)
   return code
@@ -222,13 +225,13 @@ def _run_body(command, argv, body, bad_input, flag_names):
     if status:
       # Neither the input's fault nor a bug (a full disk, another live
       # writer of the output folder): one line.
-      sys.stderr.write('%s: error: %s\n' % (command, e))
+      say('%s: error: %s' % (command, e))
       print_result(status, message=str(e))
       return result_lib.EXIT_CODES[status]
     # Classified after the fact: see bad_input_errors.
     if isinstance(e, bad_input or bad_input_errors()):
       message = user_message(e, flag_names)
-      sys.stderr.write('%s: error: %s\n' % (command, message))
+      say('%s: error: %s' % (command, message))
       print_result('bad_input', message=message)
       return EXIT_BAD_INPUT
     logging.exception('%s failed', command)
@@ -273,7 +276,7 @@ def flag_parser(command, on_bad_flags=None):
       return FLAGS(argv)
     except flags.Error as e:
       message = _flag_error_message(e)
-      sys.stderr.write('%s: %s (see --help)\n' % (command, message))
+      say('%s: %s (see --help)' % (command, message))
       if on_bad_flags is not None:
         on_bad_flags(message)
       else:

@@ -43,7 +43,6 @@ SIGINT, 1 unexpected error.
 """
 import dataclasses
 import os
-import sys
 import time
 from typing import Optional
 
@@ -353,7 +352,7 @@ def evaluate_flags():
     return run_eval(job)
   except eval_loop.ResultNotWrittenError as e:
     print_scores(e.result, e.scores)
-    sys.stderr.write('%s: error: %s\n' % (COMMAND, e))
+    app.say('%s: error: %s' % (COMMAND, e))
     app.print_result('error', **dict(e.result, message=str(e)))
     raise app.Reported(app.EXIT_UNEXPECTED) from e
 

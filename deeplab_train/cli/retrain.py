@@ -66,7 +66,6 @@ Exit codes: 0 answered (the answer may be that the round failed), 1
 unexpected error, 2 bad flags or question.
 """
 import os
-import sys
 
 from absl import flags
 from absl import logging
@@ -421,7 +420,7 @@ def _unwritten(error):
 def main(argv):
   problem = _usage_problem(argv)
   if problem:
-    sys.stderr.write('%s: %s (see --help)\n' % (COMMAND, problem))
+    app.say('%s: %s (see --help)' % (COMMAND, problem))
     return app.EXIT_BAD_INPUT
   handler = _QUESTIONS[argv[1]][0]
   answer = []

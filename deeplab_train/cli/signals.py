@@ -53,6 +53,28 @@ def exit_code(signum):
   return 128 + int(signum)
 
 
+def _exit_now(code):
+  """Flushes what can be flushed, then ends the process with `code`."""
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):
+      pass
+  os._exit(code)  # pylint: disable=protected-access
+
+
+def say(line):
+  """Writes `line` to stderr. A stderr that cannot be written (2>log on a
+  full disk) loses the line only: its OSError escaped the commands' error
+  handling (no result line, exit 1) and broke the stop a signal's notice
+  announces."""
+  try:
+    sys.stderr.write(line + '\n')
+    sys.stderr.flush()
+  except (OSError, ValueError):
+    pass
+
+
 class ProcessSignals:
   """The process's SIGTERM/SIGINT handling (one instance: see `install`).
 
@@ -130,18 +152,14 @@ class ProcessSignals:
     with self._lock:
       finished_code = self._finished_code
     if finished_code is not None:
-      sys.stdout.flush()
-      sys.stderr.flush()
-      os._exit(finished_code)  # pylint: disable=protected-access
+      _exit_now(finished_code)
     name = signal_name(signum)
     with self._lock:
       first = self.pending is None
       second = self.pending == name
       if second and time.monotonic() - self._pending_since < DUPLICATE_SECS:
-        sys.stderr.write('%s received again within %g s: taken as the same '
-                         'one (send it again to stop at once)\n'
-                         % (name, DUPLICATE_SECS))
-        sys.stderr.flush()
+        say('%s received again within %g s: taken as the same one '
+                '(send it again to stop at once)' % (name, DUPLICATE_SECS))
         return
       if first:
         self.pending = name
@@ -149,8 +167,7 @@ class ProcessSignals:
       on_first, on_stop_now = self._on_first, self._on_stop_now
       notice = self._first_notice
     if first:
-      sys.stderr.write(notice % name + '\n')
-      sys.stderr.flush()
+      say(notice % name)
       if on_first is not None:
         on_first(name)
     elif second:
@@ -158,9 +175,7 @@ class ProcessSignals:
         if on_stop_now is not None:
           on_stop_now(signum)
       finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exit_code(signum))  # pylint: disable=protected-access
+        _exit_now(exit_code(signum))
 
 
 def _ignore_in_python(signum, frame):
