@@ -160,9 +160,15 @@ check_settings() {
   set_recipe_defaults
 }
 
+# A folder that cannot be made (a file in its place, a full disk, a
+# read-only file system) sets PATHS_PROBLEM: the round ends on it once its
+# summary can be printed (set -e ended it here without one).
 set_paths() {
-  mkdir -p "$WORK_DIR"
-  WORK_DIR=$(realpath "$WORK_DIR")
+  local error
+  PATHS_PROBLEM=
+  error=$(mkdir -p "$WORK_DIR" 2>&1) ||
+    PATHS_PROBLEM="cannot create the work folder ($error)"
+  WORK_DIR=$(realpath -m "$WORK_DIR")
   DATA_DIR=$(realpath -m "$DATA_DIR")
   TFRECORDS_DIR=$WORK_DIR/tfrecords
   TFRECORD_LINK=$WORK_DIR/tfrecord
@@ -174,7 +180,12 @@ set_paths() {
   STATE_DIR=$WORK_DIR/state
   LOG_DIR=${LOG_DIR:-$WORK_DIR/logs}
   LOCK_FILE=${LOCK_FILE:-$WORK_DIR/cron.lock}
-  mkdir -p "$TFRECORDS_DIR" "$TRAIN_LOGDIR" "$EVAL_LOGDIR" "$EXPORTS_DIR" "$STATE_DIR" "$LOG_DIR"
+  if [[ -z $PATHS_PROBLEM ]] && ! error=$(mkdir -p "$TFRECORDS_DIR" "$TRAIN_LOGDIR" \
+      "$EVAL_LOGDIR" "$EXPORTS_DIR" "$STATE_DIR" "$LOG_DIR" 2>&1); then
+    PATHS_PROBLEM="cannot create the round's folders ($error)"
+  fi
+  [[ -z $PATHS_PROBLEM ]] ||
+    PATHS_PROBLEM+=": free space, make $WORK_DIR writable, or move what is in the way; nothing else was done"
 }
 
 # From here on, stdout and stderr go to this round's log; the summary goes
@@ -326,6 +337,7 @@ ask() {
 # --- ending: one summary, one exit code ----------------------------------------
 
 FINISHED=0
+UNPUBLISHED=
 # The export `current` was switched to in this round, once it was, and
 # the records the `tfrecord` link was switched to until they are recorded.
 PROMOTED_TO=
@@ -374,11 +386,14 @@ fail() { finish "$EXIT_FAILURE" failed "$1"; }
 on_exit() {
   local rc=$?
   rm -rf "${CLEANUP[@]}"
+  if [[ -n ${UNPUBLISHED:-} && $(readlink "$CURRENT_LINK" 2>/dev/null) != "$UNPUBLISHED" ]]; then
+    rm -rf "${EXPORTS_DIR:?}/$UNPUBLISHED"
+  fi
   if ((!FINISHED)); then
     FINISHED=1
     local message="unexpected error (exit status $rc"
     if [[ -n ${FAILED_AT:-} && ${FAILED_RC:-} == "$rc" ]]; then
-      message+=" at $SCRIPT_NAME $FAILED_AT"
+      message+=" at $FAILED_AT"
     fi
     message+="), see the log$(switched_note)"
     log "failed: $message"
@@ -482,7 +497,12 @@ promote() {
   ask describe_export --export_dir="$tmp" --checkpoint="$CHECKPOINT" \
     --new_result="$EVAL_LOGDIR/new/result.json" --split="$EVAL_SPLIT"
   mv -T "$tmp" "$EXPORTS_DIR/$name"
+  # Removed at exit unless `current` points at it: a complete export never
+  # published (a failed switch, a signal) stayed, and a later round kept
+  # it among the KEEP_EXPORTS newest and deleted the published one.
+  UNPUBLISHED=$name
   switch_symlink "$name" "$CURRENT_LINK"
+  UNPUBLISHED=
   PROMOTED_TO=$name
   log "promoted: exports/current -> $name"
   EXPORT_NAME=$name
@@ -534,13 +554,15 @@ main() {
   # Where an unguarded command failed (set -e then ends the round), for
   # the summary's message; -E: also inside functions.
   set -E
-  trap 'FAILED_RC=$?; FAILED_AT="line $LINENO: $BASH_COMMAND"' ERR
+  trap 'FAILED_RC=$?; FAILED_AT="${BASH_SOURCE[0]##*/} line $LINENO: $BASH_COMMAND"' ERR
   # The running command finishes first (deeplab-train saves a checkpoint on
   # SIGTERM), then the round ends as a failure (exit 1).
   trap 'interrupted TERM' TERM
   trap 'interrupted INT' INT
   trap 'interrupted HUP' HUP
 
+  # No round can run there (the lock and the log may be what is missing).
+  [[ -z $PATHS_PROBLEM ]] || fail "$PATHS_PROBLEM"
   exec 9>>"$LOCK_FILE" ||
     fail "cannot open the lock file $LOCK_FILE${LOG_PROBLEM:+; $LOG_PROBLEM}"
   flock -n 9 || finish "$EXIT_BUSY" busy "another $SCRIPT_NAME round, or a command it started that still runs, holds $LOCK_FILE"
@@ -548,7 +570,8 @@ main() {
   need_cmd deeplab-build-data deeplab-train deeplab-eval deeplab-export
   # Left by a run that was killed: nothing else writes here while we hold
   # the lock.
-  rm -rf "$TFRECORDS_DIR"/.tmp-* "$EXPORTS_DIR"/.tmp-*
+  rm -rf "$TFRECORDS_DIR"/.tmp-* "$EXPORTS_DIR"/.tmp-* \
+    "$WORK_DIR"/.tfrecord.tmp.* "$EXPORTS_DIR"/.current.tmp.*
   remove_dead_captures
 
   find_checkpoints

@@ -1048,26 +1048,83 @@ def test_cron_failing_after_a_switch_and_a_repeated_stamp(tmp_path):
   assert (cron.work / records / 'dataset.json').is_file()
 
 
+def _run_with_failing(cron, tmp_path, command, argument, message):
+  """A cron round in which `command` fails (saying `message`) when one of
+  its arguments contains `argument`; (process, summary)."""
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  stub = bin_dir / command
+  stub.write_text(
+      '#!/bin/bash\nif [[ " $* " == *"%s"* ]]; then\n'
+      '  echo "%s" >&2; exit 1\nfi\nexec /bin/%s "$@"\n'
+      % (argument, message, command))
+  stub.chmod(0o755)
+  return cron.run(PATH='%s%s%s' % (
+      bin_dir, os.pathsep, fake_voc.script_env()['PATH']))
+
+
 def test_cron_unexpected_failure_names_the_command_in_the_summary(tmp_path):
   """A command the script runs unguarded failing (set -e ends the round)
   gave a summary line with no message at all."""
   cron = Cron(tmp_path)
-  bin_dir = tmp_path / 'bin'
-  bin_dir.mkdir()
-  stub = bin_dir / 'mv'
-  stub.write_text(
-      '#!/bin/bash\nif [[ " $* " == *"/.tmp-"* ]]; then\n'
-      '  echo "mv: cannot move: Permission denied" >&2; exit 1\nfi\n'
-      'exec /bin/mv "$@"\n')
-  stub.chmod(0o755)
-  proc, summary = cron.run(PATH='%s%s%s' % (
-      bin_dir, os.pathsep, fake_voc.script_env()['PATH']))
+  proc, summary = _run_with_failing(cron, tmp_path, 'mv', '/.tmp-',
+                                    'mv: cannot move: Permission denied')
   assert proc.returncode == 1, fake_voc.describe(proc)
   assert summary['status'] == 'failed'
   assert re.fullmatch(
       r'unexpected error \(exit status 1 at cron_retrain\.sh line \d+: '
       r'mv -T .*\), see the log', summary['message']), summary
   assert 'Permission denied' in cron.log_of(summary)
+
+
+def test_cron_work_folder_that_cannot_be_made_still_gives_the_summary(
+    tmp_path):
+  """A work subfolder that mkdir cannot make (a file in its place, a full
+  disk, a read-only file system) ended the round under set -e before its
+  log and its trap: exit 1, no summary line, only mkdir's on stderr."""
+  cron = Cron(tmp_path)
+  cron.work.mkdir()
+  (cron.work / 'eval').write_text('in the way')
+  proc, summary = cron.run()
+  assert proc.returncode == 1, fake_voc.describe(proc)
+  assert summary['status'] == 'failed', proc.stdout
+  assert summary['message'].startswith(
+      "cannot create the round's folders (mkdir: cannot create directory "), (
+          summary)
+  assert summary['message'].endswith(
+      ': free space, make %s writable, or move what is in the way; nothing '
+      'else was done' % cron.work), summary
+  assert (cron.work / 'eval').read_text() == 'in the way'
+  assert not (cron.work / 'tfrecord').exists()
+  # The work folder itself: the message said the lock and the log could
+  # not be opened, not why.
+  (tmp_path / 'a_file').write_text('')
+  proc = fake_voc.run_script(
+      'cron_retrain.sh', '--data_dir', cron.data, '--work_dir',
+      tmp_path / 'a_file' / 'work', env=fake_voc.script_env(**cron.settings))
+  summary = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert (proc.returncode, summary['status']) == (1, 'failed')
+  assert summary['message'].startswith(
+      'cannot create the work folder (mkdir: cannot create directory '), (
+          summary)
+
+
+@pytest.mark.slow
+def test_cron_failed_switch_leaves_no_unpublished_export(tmp_path):
+  """The promotion's export renamed into exports/, then the switch of
+  `current` failed: the complete export, never published, stayed, and a
+  later round kept it among KEEP_EXPORTS and deleted the published one. The
+  summary named the line in cron_retrain.sh, where it was common.sh's."""
+  cron = Cron(tmp_path)
+  proc, summary = _run_with_failing(cron, tmp_path, 'mv', '/.current.tmp.',
+                                    'mv: No space left on device')
+  assert proc.returncode == 1, fake_voc.describe(proc)
+  assert re.fullmatch(
+      r'unexpected error \(exit status 1 at common\.sh line \d+: '
+      r'mv -T .*\), see the log', summary['message']), summary
+  # Its temp link is left for the next round to remove, nothing else.
+  assert [n for n in os.listdir(cron.work / 'exports')
+          if not n.startswith('.current.tmp.')] == []
 
 
 @pytest.mark.slow
