@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -127,6 +128,22 @@ def test_deeplab_stats_on_built_records_equals_dataset_json(built):
   assert code == 0
   assert (stats.SplitStats.from_dict(result['statistics']) ==
           datasets.read_dataset_json(out).split_statistics('val'))
+  assert not [w for w in result['warnings'] if 'records' in w]
+
+
+def test_a_count_other_than_dataset_json_records_is_named(built, tmp_path):
+  """dataset.json recording 999 val images beside records holding 3 gave
+  no word."""
+  out = tmp_path / 'out'
+  shutil.copytree(built[0], out)
+  recorded = json.loads((out / 'dataset.json').read_text())
+  recorded['splits_to_sizes']['val'] = 999
+  (out / 'dataset.json').write_text(json.dumps(recorded))
+  code, _, result = _run_stats(['--dataset_dir=%s' % out, '--split=val'])
+  assert code == 0
+  assert ('%s records 999 images for split \'val\', its TFRecords hold 3: '
+          'the records were changed or replaced since it was written'
+          % (out / 'dataset.json')) in ' '.join(result['warnings']), result
 
 
 def _original_records(path, rng):

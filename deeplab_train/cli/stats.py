@@ -244,6 +244,17 @@ def _stats():
                            info.ignore_label))
   warnings = stats.split_warnings(job.split, counted, info.class_names,
                                   info.ignore_label)
+  recorded = datasets.read_dataset_json(job.dataset_dir)
+  expected = recorded.splits_to_sizes.get(job.split) if recorded else None
+  if expected is not None and expected != counted.num_images:
+    warnings.append(
+        '%s records %d images for split %r, its TFRecords hold %d: the '
+        'records were changed or replaced since it was written (%s)' % (
+            os.path.join(job.dataset_dir, datasets.DATASET_JSON), expected,
+            job.split, counted.num_images,
+            'the count is recorded now' if job.write_dataset_json else
+            'rebuild the split with deeplab-build-data, or record the count '
+            'with --write_dataset_json'))
   for warning in warnings:
     logging.warning('%s', warning)
   written = record(job, counted) if job.write_dataset_json else None
