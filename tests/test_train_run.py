@@ -346,6 +346,30 @@ def test_lost_checkpoint_state_resumes_from_the_newest_complete_checkpoint(
   assert tf.train.latest_checkpoint(str(tmp_path)).endswith('model.ckpt-5')
 
 
+def test_a_state_file_repaired_under_a_relative_logdir_names_its_own_files(
+    tmp_path, monkeypatch):
+  """The repair wrote absolute paths; under a relative --train_logdir the
+  next save made them relative again ('../model.ckpt-0'), and the saver's
+  rotation deleted those files in the folder above the logdir."""
+  parent = tmp_path / 'par'
+  (parent / 'run').mkdir(parents=True)
+  monkeypatch.chdir(parent)
+  assert _train('run', steps=3).global_step == 3
+  (parent / 'run' / 'checkpoint').write_bytes(b'')  # a crash left it empty
+  for ext in ('index', 'meta', 'data-00000-of-00001'):
+    (parent / ('model.ckpt-0.' + ext)).write_text('not ours')
+  assert _train('run', steps=5, keep_checkpoint_max=1).global_step == 5
+  assert sorted(p.name for p in parent.glob('model.ckpt-0.*')) == [
+      'model.ckpt-0.data-00000-of-00001', 'model.ckpt-0.index',
+      'model.ckpt-0.meta']
+  state = (parent / 'run' / 'checkpoint').read_text()
+  assert '..' not in state, state
+  # Rotation removed the logdir's own oldest, as after a resume with a
+  # state file intact.
+  assert sorted(p.name for p in (parent / 'run').glob('*.index')) == [
+      'model.ckpt-3.index', 'model.ckpt-5.index']
+
+
 def test_a_damaged_state_file_without_checkpoints_starts_at_step_0(
     tmp_path, caplog):
   """An empty state file and no checkpoint (a crash during the first save):

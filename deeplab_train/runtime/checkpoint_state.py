@@ -267,7 +267,13 @@ def repair(logdir, basename='model.ckpt'):
   logging.warning('%s %s; resuming from the newest complete checkpoint on '
                   'disk, %s, and rewriting the state file to name it',
                   state, why, prefixes[-1])
-  # TensorFlow writes the state file to a temp name and renames it.
-  tf.train.update_checkpoint_state(logdir, prefixes[-1],
-                                   all_model_checkpoint_paths=prefixes)
+  # Named as the trainer's saver names them (DIR/model.ckpt-N with DIR the
+  # logdir as given, which TensorFlow writes as model.ckpt-N): absolute
+  # paths under a relative logdir were made relative a second time at the
+  # next save ('../model.ckpt-N'), and rotation then deleted the files of
+  # that name in the folder above. TensorFlow writes the state file to a
+  # temp name and renames it.
+  named = [os.path.join(logdir, os.path.basename(p)) for p in prefixes]
+  tf.train.update_checkpoint_state(logdir, named[-1],
+                                   all_model_checkpoint_paths=named)
   return prefixes[-1]
