@@ -104,20 +104,50 @@ switch_symlink() {
 # Prints the latest checkpoint prefix of folder $1 (from its `checkpoint`
 # state file), or nothing when there is none. Relative paths are resolved
 # against the folder; an absolute path that no longer exists (a moved folder)
-# falls back to the same file name inside the folder.
+# falls back to the same file name inside the folder. Without a state file
+# naming one that is there (a model-zoo folder, a state file a crash left
+# empty), the newest complete checkpoint on disk, as the deeplab commands
+# take it.
 latest_checkpoint() {
-  local dir=$1 state path
+  local dir=$1 state path=
   state="$dir/checkpoint"
-  [[ -f $state ]] || return 0
-  path=$(sed -n 's/^model_checkpoint_path: *"\(.*\)" *$/\1/p' "$state" | head -n 1)
-  [[ -n $path ]] || return 0
-  if [[ $path != /* ]]; then
-    path="$dir/$path"
-  elif [[ ! -e "$path.index" ]]; then
-    path="$dir/$(basename "$path")"
+  if [[ -f $state ]]; then
+    path=$(sed -n 's/^model_checkpoint_path: *"\(.*\)" *$/\1/p' "$state" 2>/dev/null | head -n 1) || path=
   fi
-  if [[ -e "$path.index" ]]; then
-    printf '%s\n' "$path"
+  if [[ -n $path ]]; then
+    if [[ $path != /* ]]; then
+      path="$dir/$path"
+    elif [[ ! -e "$path.index" ]]; then
+      path="$dir/$(basename "$path")"
+    fi
+    if [[ -e "$path.index" ]]; then
+      printf '%s\n' "$path"
+      return 0
+    fi
+  fi
+  newest_complete_checkpoint "$dir"
+}
+
+# Prints the prefix of the newest complete checkpoint (its .index and a
+# data file) of folder $1: model.ckpt-N of the largest N, else model.ckpt
+# (a model-zoo folder); nothing when there is none.
+newest_complete_checkpoint() {
+  local dir=$1 index prefix step best=-1 found=
+  for index in "$dir"/model.ckpt-*.index "$dir"/model.ckpt.index; do
+    [[ -f $index ]] || continue
+    prefix=${index%.index}
+    compgen -G "$prefix.data-*" >/dev/null || continue
+    step=${prefix##*/model.ckpt}
+    step=${step#-}
+    [[ -n $step ]] || step=0
+    [[ $step =~ ^[0-9]+$ ]] || continue
+    if ((10#$step > best)); then
+      best=$((10#$step))
+      found=$prefix
+    fi
+  done
+  if [[ -n $found ]]; then
+    printf '%s\n' "$found"
   fi
 }
 

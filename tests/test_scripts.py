@@ -361,6 +361,34 @@ def test_eval_following_a_run_before_its_first_checkpoint(tmp_path):
   assert 'no checkpoint in TRAIN_LOGDIR=' in proc.stderr
 
 
+def test_scripts_take_a_zoo_folder_and_a_logdir_with_an_empty_state_file(
+    tmp_path):
+  """eval_voc.sh and vis_voc.sh said 'no checkpoint in TRAIN_LOGDIR' for a
+  model-zoo folder (model.ckpt alone, no state file), which deeplab-eval
+  takes; with a state file a crash left empty, train_voc.sh warned
+  'training from scratch' while deeplab-train resumed."""
+  work, train = _fake_logdirs(tmp_path, with_config=False)
+  zoo = tmp_path / 'zoo'
+  zoo.mkdir()
+  for name in ('model.ckpt.index', 'model.ckpt.data-00000-of-00001'):
+    (zoo / name).write_text('')
+  for script, flag in (('eval_voc.sh', '--checkpoint_dir=%s' % zoo),
+                       ('vis_voc.sh', '--checkpoint_dir=%s' % zoo),
+                       ('export_voc.sh',
+                        '--checkpoint_path=%s/model.ckpt' % zoo)):
+    args = _recorded_args(tmp_path, script, WORK_DIR=work,
+                          TRAIN_LOGDIR=zoo)
+    assert flag in args, (script, args)
+    assert '--model_variant=xception_65' in args  # no config beside it
+  (train / 'model.ckpt-7.data-00000-of-00001').write_text('')
+  (train / 'checkpoint').write_text('')
+  proc, args = _run_with_stubs(tmp_path, 'train_voc.sh', WORK_DIR=work)
+  assert proc.returncode == 0, fake_voc.describe(proc)
+  assert 'training from scratch' not in proc.stderr + proc.stdout
+  args = _recorded_args(tmp_path, 'export_voc.sh', WORK_DIR=work)
+  assert '--checkpoint_path=%s/model.ckpt-7' % train in args
+
+
 def _checkpoint_tarball(path, with_index=True):
   folder = path.parent / 'zoo' / 'train'
   folder.mkdir(parents=True)
