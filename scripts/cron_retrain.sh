@@ -347,15 +347,17 @@ RECORDS_SWITCHED_TO=
 # an unexpected error) with the facts; the policy also writes it to
 # $WORK_DIR/last_run.json. When Python cannot run, a minimal line.
 report() {
-  local code=$1 status=$2 message_flag=()
+  local code=$1 status=$2 message_flag=() log=$LOG_FILE
   if (($# > 2)); then
     message_flag=(--message="$3")
   fi
+  # A log that could not be written is not named as the round's log.
+  [[ -z ${LOG_PROBLEM:-} ]] || log=
   fact_flags
-  policy summary --exit_code="$code" --status="$status" --log_file="$LOG_FILE" \
+  policy summary --exit_code="$code" --status="$status" --log_file="$log" \
     --last_run="$WORK_DIR/last_run.json" ${message_flag[@]+"${message_flag[@]}"} \
     ${FACT_FLAGS[@]+"${FACT_FLAGS[@]}"} >&3 ||
-    printf '{"status": "%s", "exit_code": %d, "log": "%s"}\n' "$status" "$code" "$LOG_FILE" >&3
+    printf '{"status": "%s", "exit_code": %d, "log": "%s"}\n' "$status" "$code" "$log" >&3
 }
 
 # What a failure leaves in use that it did not before (it came after a

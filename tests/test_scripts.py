@@ -130,6 +130,7 @@ def test_cron_round_on_a_full_disk_still_ends_with_its_summary(tmp_path):
   assert summary['message'].startswith('cannot write the log %s' % (
       cron.work / 'logs')), summary
   assert 'File too large' in summary['message']   # what RLIMIT_FSIZE says
+  assert summary['log'] == ''  # it named the log it could not write
   assert not (cron.work / 'last_run.json').exists()
   assert not list((cron.work / 'train').iterdir())
 
