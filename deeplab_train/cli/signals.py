@@ -53,8 +53,9 @@ def exit_code(signum):
   return 128 + int(signum)
 
 
-def _exit_now(code):
-  """Flushes what can be flushed, then ends the process with `code`."""
+def exit_now(code):
+  """Flushes stdout and stderr as far as they can be (a full disk under
+  2>log), then ends the process with `code` at once."""
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()
@@ -152,7 +153,7 @@ class ProcessSignals:
     with self._lock:
       finished_code = self._finished_code
     if finished_code is not None:
-      _exit_now(finished_code)
+      exit_now(finished_code)
     name = signal_name(signum)
     with self._lock:
       first = self.pending is None
@@ -175,7 +176,7 @@ class ProcessSignals:
         if on_stop_now is not None:
           on_stop_now(signum)
       finally:
-        _exit_now(exit_code(signum))
+        exit_now(exit_code(signum))
 
 
 def _ignore_in_python(signum, frame):

@@ -442,9 +442,7 @@ def _ending_at_once(report_it):
   try:
     code = report_it()
   finally:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # pylint: disable=protected-access
+    signals.exit_now(code)
 
 
 def _reported(result, result_json):
