@@ -61,9 +61,10 @@ class BuildOptions:
 
   def validate(self):
     """Raises ConfigError naming the field at fault; returns self."""
-    if not 1 <= self.num_classes <= 256:
-      raise ConfigError('{BuildOptions.num_classes} must be in 1..256 '
-                        '(labels are 8-bit PNGs), got %d', self.num_classes)
+    if not 1 <= self.num_classes <= datasets.MAX_CLASSES:
+      raise ConfigError('{BuildOptions.num_classes} must be in 1..%d '
+                        '(labels are 8-bit PNGs), got %d',
+                        datasets.MAX_CLASSES, self.num_classes)
     if not 0 <= self.ignore_label <= 255:
       raise ConfigError('{BuildOptions.ignore_label} must be in 0..255, '
                         'got %d', self.ignore_label)
