@@ -34,7 +34,7 @@ JSON result line.
 import dataclasses
 import logging
 import os
-from typing import Tuple
+from typing import Optional, Tuple
 
 from absl import flags
 
@@ -90,6 +90,8 @@ class StatsJob:
   # The split's files and dataset.json as listed (name, size, mtime):
   # dataset.json is written only if a build did not change them since.
   listed: Tuple[Tuple[str, int, int], ...] = ()
+  # The split's size in the folder's dataset.json, if it records one.
+  recorded_size: Optional[int] = None
 
 
 def _listed(dataset_dir, split):
@@ -131,9 +133,12 @@ def options_from_flags():
         'dataset_dir', FLAGS.dataset_dir,
         '--write_dataset_json writes its dataset.json (and its lock) there; '
         'leave that flag out to count only')
+  described = datasets.read_dataset_json(FLAGS.dataset_dir)
   return StatsJob(dataset_dir=FLAGS.dataset_dir, split=FLAGS.split,
-                  files=tuple(files), dataset_info=_dataset_info(),
-                  write_dataset_json=FLAGS.write_dataset_json, listed=listed)
+                  files=tuple(files), dataset_info=_dataset_info(described),
+                  write_dataset_json=FLAGS.write_dataset_json, listed=listed,
+                  recorded_size=(described.splits_to_sizes.get(FLAGS.split)
+                                 if described else None))
 
 
 def _refuse_other_commands_flags():
@@ -151,16 +156,16 @@ def _refuse_other_commands_flags():
         ', '.join('--' + name for name in given))
 
 
-def _dataset_info():
-  """dataset.json, else the built-in --dataset, else the dataset that
-  --num_classes and --ignore_label describe; without --dataset the file's
-  own name is taken (no warning that it differs from the default).
+def _dataset_info(described):
+  """dataset.json (`described`, or None), else the built-in --dataset,
+  else the dataset that --num_classes and --ignore_label describe; without
+  --dataset the file's own name is taken (no warning that it differs from
+  the default).
 
   Raises:
     ConfigError: --num_classes or --ignore_label given for a described
       dataset, or an unknown dataset without them.
   """
-  described = datasets.read_dataset_json(FLAGS.dataset_dir)
   by_flags = [name for name in ('num_classes', 'ignore_label')
               if common_flags.explicitly_set(name)]
   if by_flags:
@@ -244,8 +249,7 @@ def _stats():
                            info.ignore_label))
   warnings = stats.split_warnings(job.split, counted, info.class_names,
                                   info.ignore_label)
-  recorded = datasets.read_dataset_json(job.dataset_dir)
-  expected = recorded.splits_to_sizes.get(job.split) if recorded else None
+  expected = job.recorded_size
   if expected is not None and expected != counted.num_images:
     warnings.append(
         '%s records %d images for split %r, its TFRecords hold %d: the '
