@@ -91,14 +91,26 @@ write_atomic() {
   mv -f "$tmp" "$dest"
 }
 
+# The start of the temp names switch_symlink gives link $1.
+symlink_temp_prefix() {
+  printf '%s/.%s.tmp.' "$(dirname "$1")" "$(basename "$1")"
+}
+
 # Points symlink $2 at $1 atomically: a new link under a temp name renamed
 # over the old one, so readers see either the old or the new target.
 switch_symlink() {
   local target=$1 link=$2 tmp
-  tmp="$(dirname "$link")/.$(basename "$link").tmp.$$"
+  tmp="$(symlink_temp_prefix "$link")$$"
   rm -f "$tmp"
   ln -s "$target" "$tmp"
   mv -T "$tmp" "$link"
+}
+
+# Removes the temp links a killed or failed switch_symlink of link $1 left.
+remove_symlink_temps() {
+  local prefix
+  prefix=$(symlink_temp_prefix "$1")
+  rm -f "$prefix"*
 }
 
 # Prints the latest checkpoint prefix of folder $1 (from its `checkpoint`

@@ -572,8 +572,9 @@ main() {
   need_cmd deeplab-build-data deeplab-train deeplab-eval deeplab-export
   # Left by a run that was killed: nothing else writes here while we hold
   # the lock.
-  rm -rf "$TFRECORDS_DIR"/.tmp-* "$EXPORTS_DIR"/.tmp-* \
-    "$WORK_DIR"/.tfrecord.tmp.* "$EXPORTS_DIR"/.current.tmp.*
+  rm -rf "$TFRECORDS_DIR"/.tmp-* "$EXPORTS_DIR"/.tmp-*
+  remove_symlink_temps "$TFRECORD_LINK"
+  remove_symlink_temps "$CURRENT_LINK"
   remove_dead_captures
 
   find_checkpoints

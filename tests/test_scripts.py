@@ -996,10 +996,16 @@ def test_cron_retrain_rounds(tmp_path):
          else os.environ.get('TMPDIR', '/tmp'))
   left = pathlib.Path(shm) / ('cron_retrain.sh.%d.Ab12Cd' % tt.dead_pid())
   left.write_text('{"event": "result", "message": "stopped at step 3"}\n')
+  # And the temp links of symlink switches it interrupted.
+  switching = [cron.work / '.tfrecord.tmp.12345',
+               cron.work / 'exports' / '.current.tmp.12345']
+  for link in switching:
+    link.symlink_to('gone')
   proc, summary = cron.run(TRAIN_ONLY_ON_NEW_DATA=1)
   assert proc.returncode == 10, fake_voc.describe(proc)
   assert summary['status'] == 'nothing_to_do'
   assert not left.exists()
+  assert not [link for link in switching if os.path.lexists(link)]
   assert ('left its command\'s output in %s, removed now: {"event": '
           '"result", "message": "stopped at step 3"}' % left) in cron.log_of(
               summary)
