@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -122,6 +123,75 @@ def test_a_missing_required_flag_exits_2_without_tensorflow(command):
   # The message names the flag to give.
   assert '--' in result['message'], result
   assert not imported, '%s imported TensorFlow for a missing flag' % command
+
+
+# As _PROBE, with a signal (its name in argv[1]) sent to the process while
+# the entry point imports the command's own module.
+_SIGNALLED_PROBE = '''
+import atexit, importlib, os, signal, sys
+atexit.register(lambda: sys.stderr.write(
+    '%s%%s\\n' %% ('tensorflow' in sys.modules)))
+module, function = sys.argv.pop(1).split(':')
+sys.argv[0] = sys.argv.pop(1)
+signum = getattr(signal, sys.argv.pop(1))
+entry_point = getattr(importlib.import_module(module), function)
+real_import = importlib.import_module
+def import_signalled(name, *args):
+  if name.startswith('deeplab_train.cli.'):
+    importlib.import_module = real_import
+    os.kill(os.getpid(), signum)
+  return real_import(name, *args)
+importlib.import_module = import_signalled
+entry_point()
+''' % _MARK
+
+
+@pytest.mark.parametrize('command,signame', [
+    (command, 'SIGINT' if command == 'deeplab-stats' else 'SIGTERM')
+    for command in sorted(set(ENTRY_POINTS) - {'deeplab-train'})])
+def test_a_signal_while_the_command_loads_stops_it_with_its_result(
+    command, signame):
+  """A SIGTERM in a command's first quarter second (its modules imported,
+  before its handlers) ended it without a result line; kept until its
+  work begins, it stops it there (deeplab-train: cli/launch.train)."""
+  module, function = ENTRY_POINTS[command].split(':')
+  proc = subprocess.run(
+      [sys.executable, '-c', _SIGNALLED_PROBE, '%s:%s' % (module, function),
+       command, signame],
+      capture_output=True, text=True, env=tt.subprocess_env(), timeout=120)
+  code = {'SIGTERM': 143, 'SIGINT': 130}[signame]
+  assert proc.returncode == code, (proc.returncode, proc.stderr[-2000:])
+  assert json.loads(proc.stdout.splitlines()[-1]) == dict(
+      event='result', status={143: 'terminated', 130: 'interrupted'}[code],
+      message='stopped by %s' % signame), proc.stdout
+  assert '%s: stopped by %s' % (command, signame) in proc.stderr.splitlines()
+  # Stopped before its work: TensorFlow was not loaded.
+  assert proc.stderr.splitlines()[-1] == _MARK + 'False', proc.stderr
+
+
+def test_a_signal_while_the_flags_parse_stops_a_command_run_as_a_module():
+  """`python -m deeplab_train.cli.NAME` (deeplab-bench starts its children
+  so) does not go through the console script: a SIGTERM while its flags
+  parsed ended it without a result line."""
+  script = textwrap.dedent('''
+      import os, signal, sys
+      from deeplab_train.cli import app
+      from deeplab_train.cli import stats
+      real = app.flag_parser
+      def parser(command, on_bad_flags=None):
+        parse = real(command, on_bad_flags)
+        def signalled(argv):
+          os.kill(os.getpid(), signal.SIGTERM)
+          return parse(argv)
+        return signalled
+      app.flag_parser = parser
+      sys.argv = ['deeplab-stats', '--dataset_dir=/nonexistent']
+      stats.run()
+      ''')
+  proc = subprocess.run([sys.executable, '-c', script], capture_output=True,
+                        text=True, env=tt.subprocess_env(), timeout=120)
+  assert proc.returncode == 143, (proc.returncode, proc.stderr[-2000:])
+  assert json.loads(proc.stdout.splitlines()[-1])['status'] == 'terminated'
 
 
 # The flags each of the original's commands defines, read off its

@@ -729,3 +729,23 @@ def test_command_candidate_from_best(tmp_path):
               '--candidate_reason=because')
   assert json.loads(proc.stdout)['candidate_source'] == 'best'
   assert json.loads(proc.stdout)['candidate_reason'] == 'because'
+
+
+def test_a_signal_ends_a_question():
+  """The commands' start kept a SIGTERM for work that this module's
+  questions never begin: one ran to its end and exited 0."""
+  script = '''
+import os, signal, sys
+from deeplab_train.cli import retrain
+def signalled(answer, args):
+  os.kill(os.getpid(), signal.SIGTERM)
+  answer.append('{"ran": "to its end"}')
+retrain._QUESTIONS['check'] = (signalled,) + retrain._QUESTIONS['check'][1:]
+sys.argv = ['retrain', 'check']
+retrain.run()
+'''
+  proc = subprocess.run([sys.executable, '-c', script], capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == -15, (proc.returncode, proc.stdout,
+                                  proc.stderr[-2000:])
+  assert 'to its end' not in proc.stdout

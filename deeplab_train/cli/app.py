@@ -294,7 +294,8 @@ def _flag_error_message(error):
   return str(error)
 
 
-def start(command, main, doc, flag_modules=(), on_bad_flags=None):
+def start(command, main, doc, flag_modules=(), on_bad_flags=None,
+          keep_signals=True):
   """Runs `main` as the command `command` (does not return).
 
   Args:
@@ -303,7 +304,14 @@ def start(command, main, doc, flag_modules=(), on_bad_flags=None):
     doc: the --help text (the command module's docstring).
     flag_modules: names of the modules whose flags --help lists.
     on_bad_flags: as for `flag_parser`.
+    keep_signals: `main` runs its work in `run_body`, which stops on a
+      signal kept since the start (signals.keep_until_work); False for a
+      main that does not, which a kept signal would not stop at all.
   """
+  if keep_signals:
+    # Started as `python -m deeplab_train.cli.NAME` (deeplab-bench's
+    # children), not through cli/launch.py: a signal while the flags parse.
+    signals.keep_until_work()
   main_module = sys.modules.get('__main__')
   if main_module is not None:
     # Started through a console script, __main__ is a stub without a

@@ -439,7 +439,8 @@ def main(argv):
 
 
 def run():
-  app.start(COMMAND, main, __doc__, (__name__,))
+  # Its questions run outside app.run_body: a signal ends them as usual.
+  app.start(COMMAND, main, __doc__, (__name__,), keep_signals=False)
 
 
 if __name__ == '__main__':

@@ -21,7 +21,10 @@ The other commands have no clean stop to make: `raised_in_main` (around
 each one's work in cli/app.run_body) turns a signal into an exception in
 them, so that on its way out the temp file being written is removed and
 deeplab-bench's child processes are ended, before the command prints its
-result line and exits with 143 / 130.
+result line and exits with 143 / 130. Their console scripts (cli/launch.py)
+call `keep_until_work` first (`python -m`: cli/app.start), so that a
+signal while their modules load and their flags parse stops them the same
+way when the work begins.
 
 Standard library only: this module is imported before TensorFlow.
 """
@@ -235,6 +238,29 @@ def _raise_stopped(signum, frame):
     raise Stopped(signum)
 
 
+# Signals received before the command's work began (see keep_until_work).
+_kept = []
+
+
+def _keep(signum, frame):
+  del frame
+  _kept.append(signum)
+
+
+def keep_until_work():
+  """Keeps a SIGTERM/SIGINT received from now on until `raised_in_main`
+  begins, which raises it as Stopped at once. For the commands of
+  `raised_in_main`, from their first line: the import of their modules
+  (a quarter of a second) and the parsing of their flags were a window in
+  which a signal ended them without a result line. Main thread only; not
+  in a process whose ProcessSignals are installed (deeplab-train)."""
+  if (_INSTANCE is not None or
+      threading.current_thread() is not threading.main_thread()):
+    return
+  for sig in SIGNALS:
+    signal.signal(sig, _keep)
+
+
 def raised_signal():
   """The last signal raised as Stopped within the current
   `raised_in_main`, or None. A Stopped raised while TensorFlow's C++ code
@@ -290,6 +316,10 @@ def raised_in_main():
   del _finished[:]
   previous = {sig: signal.signal(sig, _raise_stopped) for sig in SIGNALS}
   try:
+    if _kept:
+      kept = _kept[0]
+      del _kept[:]
+      _raise_stopped(kept, None)
     yield
   finally:
     for sig, handler in previous.items():
