@@ -12,12 +12,15 @@ import ctypes
 import errno
 import functools
 import json
+import logging
 import os
 import re
 import shutil
 import signal
 import socket
 import threading
+
+_log = logging.getLogger(__name__)
 
 
 class OutputNotWrittenError(OSError):
@@ -162,7 +165,7 @@ def together():
         _remove(other)
       raise not_written(path, IsADirectoryError(
           errno.EISDIR, os.strerror(errno.EISDIR), path))
-  with _signals_held():
+  with signals_held():
     for i, (tmp, path, replace) in enumerate(pending):
       try:
         replace(tmp, path)
@@ -175,11 +178,12 @@ def together():
 
 
 @contextlib.contextmanager
-def _signals_held():
+def signals_held():
   """SIGTERM and SIGINT wait until the block ends, then go to the handler
-  they would have gone to (main thread only). A handler that raises (the
-  commands' Stopped) between two renames of `together` left some outputs
-  new and some as they were."""
+  they would have gone to (main thread only). For a few renames that must
+  all be done or none: a handler that raises (the commands' Stopped)
+  between two renames of `together` left some outputs new and some as they
+  were."""
   if threading.current_thread() is not threading.main_thread():
     yield
     return
@@ -189,12 +193,20 @@ def _signals_held():
   previous = {sig: h for sig, h in previous.items() if h is not None}
   for sig in previous:
     signal.signal(sig, lambda signum, frame: held.append(signum))
+  failed = None
   try:
     yield
+  except BaseException as e:
+    failed = e
+    raise
   finally:
     for sig, handler in previous.items():
       signal.signal(sig, handler)
     if held:
+      if isinstance(failed, Exception):
+        # The handler's Stopped would take its place: only the stop was
+        # told, not why the renames failed (a full disk).
+        _log.error('%s', failed)
       handler = previous[held[0]]
       if callable(handler):
         handler(held[0], None)

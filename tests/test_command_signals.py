@@ -69,15 +69,22 @@ def test_sigint_while_scoring_stops_eval_with_130(tmp_path, monkeypatch,
   assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_sigterm_while_converting_stops_the_build_with_143(tmp_path,
-                                                           monkeypatch,
-                                                           capsys):
+def _built_in_2_shards(tmp_path, seed):
+  """Converts a small VOC folder into tmp_path/out in 2 shards; returns
+  the deeplab-build-data arguments that did."""
   images, labels, lists = common.write_voc_folder(
-      str(tmp_path / 'voc'), {'train': common.tiny_pairs(60, 4)})
+      str(tmp_path / 'voc'), {'train': common.tiny_pairs(seed, 4)})
   args = ['--image_folder', images, '--semantic_segmentation_folder', labels,
           '--list_folder', lists, '--image_format', 'png', '--output_dir',
           str(tmp_path / 'out'), '--num_classes', '4', '--num_shards', '2']
   assert tt.main_in_process('deeplab-build-data', build_cli.main, args)[0] == 0
+  return args
+
+
+def test_sigterm_while_converting_stops_the_build_with_143(tmp_path,
+                                                           monkeypatch,
+                                                           capsys):
+  args = _built_in_2_shards(tmp_path, 60)
   before = common.folder_contents(tmp_path / 'out')
   write_shard = build._write_shard
 
@@ -95,6 +102,89 @@ def test_sigterm_while_converting_stops_the_build_with_143(tmp_path,
   assert err.splitlines()[-1] == 'deeplab-build-data: stopped by SIGTERM'
   # The build before is as it was: no new shard, no temp left.
   assert common.folder_contents(tmp_path / 'out') == before
+
+
+@pytest.mark.parametrize('during', ['the journal', 'the renames'])
+def test_a_signal_while_the_build_switches_waits_for_the_switch(
+    during, tmp_path, monkeypatch, capsys):
+  """A SIGTERM while the switch's journal was written left the whole new
+  build as temp files; one between the renames left a folder every reader
+  refused as half-switched. The switch now ends first: the new build is in
+  place and nothing else is left."""
+  args = _built_in_2_shards(tmp_path, 61)
+  if during == 'the journal':
+    target, name = build.atomic, 'write_json'
+  else:
+    # The first shard's rename into place.
+    target, name = os, 'replace'
+  real = getattr(target, name)
+
+  def signalled(*a, **k):
+    if name == 'write_json' or '.tfrecord' in os.path.basename(a[0]):
+      monkeypatch.setattr(target, name, real)
+      os.kill(os.getpid(), signal.SIGTERM)
+    return real(*a, **k)
+  write_split = build.write_split
+
+  def then_signalled(*a, **k):
+    # Set once the new shards are written: only the switch's calls.
+    out = write_split(*a, **k)
+    monkeypatch.setattr(target, name, signalled)
+    return out
+  monkeypatch.setattr(build, 'write_split', then_signalled)
+  code, _, result = tt.main_in_process(
+      'deeplab-build-data', build_cli.main, args + ['--num_shards', '3'])
+  capsys.readouterr()
+  assert (code, result['status']) == (143, 'terminated')
+  assert getattr(target, name) is real  # the signal was sent
+  assert sorted(os.listdir(tmp_path / 'out')) == [
+      'dataset.json'] + ['train-%05d-of-00003.tfrecord' % i for i in range(3)]
+
+
+def test_a_signal_just_before_the_switch_leaves_the_build_before(
+    tmp_path, monkeypatch, capsys):
+  """Between the new files' writing and the switch's held signals, a
+  SIGTERM left the whole new build as temp files."""
+  args = _built_in_2_shards(tmp_path, 62)
+  before = common.folder_contents(tmp_path / 'out')
+  switch = build._switch
+
+  def signalled(*a, **k):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return switch(*a, **k)
+  monkeypatch.setattr(build, '_switch', signalled)
+  code, _, _ = tt.main_in_process(
+      'deeplab-build-data', build_cli.main, args + ['--num_shards', '3'])
+  capsys.readouterr()
+  assert code == 143
+  assert common.folder_contents(tmp_path / 'out') == before
+
+
+def test_a_switch_that_fails_with_a_signal_held_still_says_why(
+    tmp_path, monkeypatch, capsys, caplog):
+  """The held signal's stop took the place of the switch's error: the
+  user read 'stopped by SIGTERM' only, not what failed."""
+  args = _built_in_2_shards(tmp_path, 63)
+  follow = build._follow
+
+  def signalled_then_failing(*a, **k):
+    os.kill(os.getpid(), signal.SIGTERM)
+    raise PermissionError(13, 'Permission denied', 'train-00000')
+  monkeypatch.setattr(build, '_follow', signalled_then_failing)
+  with caplog.at_level('ERROR'):
+    code, _, result = tt.main_in_process(
+        'deeplab-build-data', build_cli.main, args + ['--num_shards', '3'])
+  capsys.readouterr()
+  assert (code, result['status']) == (143, 'terminated')
+  assert ('Permission denied, while renaming the new build into place; the '
+          'next deeplab-build-data on this folder finishes that'
+          in caplog.text)
+  # It does.
+  monkeypatch.setattr(build, '_follow', follow)
+  assert tt.main_in_process('deeplab-build-data', build_cli.main,
+                            args + ['--num_shards', '3'])[0] == 0
+  assert sorted(os.listdir(tmp_path / 'out')) == [
+      'dataset.json'] + ['train-%05d-of-00003.tfrecord' % i for i in range(3)]
 
 
 def test_a_stop_that_tensorflow_turned_into_another_error_is_a_stop(capsys):

@@ -165,27 +165,33 @@ def _stale_shards(written, splits):
   return stale
 
 
-def _switch(output_dir, written, stale):
+def _switch(output_dir, written, stale, journaled):
   """Renames every written file into place, then removes the stale
   shards, following a journal written first and removed last, so that a
-  build killed in between is finished by the next one (_finish_killed)."""
+  build killed in between is finished by the next one (_finish_killed).
+  A SIGTERM/SIGINT waits until the switch is done (atomic.signals_held):
+  one during the journal's write left the whole new build as temp files,
+  one during the renames a half-switched folder every reader refuses.
+  `journaled` gets the journal's path once it is in place: from then on
+  the temps are the next build's to rename, not to be removed."""
   plan = {'renames': [[os.path.basename(temp), os.path.basename(final)]
                       for temp, final in written],
           'remove': [os.path.basename(path) for path in stale]}
   journal = os.path.join(output_dir, tfrecord.SWITCH_JOURNAL)
-  try:
-    atomic.write_json(journal, plan)
-  except OSError as e:
-    _remove([temp for temp, _ in written])
-    raise _write_failure(output_dir, e) from None
-  try:
-    _follow(output_dir, plan['renames'], plan['remove'])
-    os.remove(journal)
-  except OSError as e:
-    raise atomic.OutputNotWrittenError(
-        output_dir, '%s, while renaming the new build into place; the next '
-        'deeplab-build-data on this folder finishes that'
-        % atomic.not_written(output_dir, e).strerror, e.errno) from None
+  with atomic.signals_held():
+    try:
+      atomic.write_json(journal, plan)
+    except OSError as e:
+      raise _write_failure(output_dir, e) from None
+    journaled.append(journal)
+    try:
+      _follow(output_dir, plan['renames'], plan['remove'])
+      os.remove(journal)
+    except OSError as e:
+      raise atomic.OutputNotWrittenError(
+          output_dir, '%s, while renaming the new build into place; the '
+          'next deeplab-build-data on this folder finishes that'
+          % atomic.not_written(output_dir, e).strerror, e.errno) from None
 
 
 def _follow(output_dir, renames, remove):
@@ -310,6 +316,7 @@ def _convert_locked(splits_to_entries, output_dir, options):
   # build (shards and dataset.json) stays as it was until all of them and
   # the new dataset.json are complete, then everything is renamed in.
   sizes, counted, written = {}, {}, []
+  journaled = []  # the journal, once in place: the next build finishes it
   try:
     for split, entries in splits_to_entries.items():
       if not entries:
@@ -328,11 +335,12 @@ def _convert_locked(splits_to_entries, output_dir, options):
       atomic.write_temp(written[-1][0], atomic.json_bytes(info.to_dict()))
     except OSError as e:
       raise _write_failure(output_dir, e) from None
+    stale = _stale_shards(written, [(output_dir, split) for split in sizes])
+    _switch(output_dir, written, stale, journaled)
   except BaseException:
-    _remove([temp for temp, _ in written])
+    if not journaled:
+      _remove([temp for temp, _ in written])
     raise
-  _switch(output_dir, written, _stale_shards(
-      written, [(output_dir, split) for split in sizes]))
   return info
 
 
