@@ -70,6 +70,10 @@ def _args(tmp_path, records, *extra):
      '--learning_rate_decay_step must be >= 1'),
     (['--tf_initial_checkpoint=/nonexistent/model.ckpt'],
      'no checkpoint there'),
+    # Made at the first trace: a traceback and exit 1 after the graph was
+    # built, and an events file left in the logdir.
+    (['--profile_logdir=/proc/deeplab_profile'],
+     '--profile_logdir=/proc/deeplab_profile cannot be created: /proc '),
     # The original's way to join a cluster (task 0): the session waited for
     # a server for ever, and a first SIGTERM did not end it.
     (['--master=grpc://127.0.0.1:1'],
@@ -467,6 +471,24 @@ def test_use_xla_with_cpu_towers_is_logged(tmp_path, records, caplog,
   finally:
     FLAGS.unparse_flags()
   assert ('--use_xla with the towers on the CPU' in caplog.text) == warned
+
+
+@pytest.mark.parametrize('secs,warned', [('0', True), ('60', False)])
+def test_summary_images_without_summaries_are_logged(tmp_path, records,
+                                                      caplog, secs, warned):
+  """--save_summaries_secs=0 writes no summaries: the images asked for
+  were missing from the events file without a word."""
+  FLAGS.unparse_flags()
+  try:
+    FLAGS(['deeplab-train'] + _args(tmp_path, records,
+                                    '--save_summaries_images',
+                                    '--save_summaries_secs=' + secs))
+    with caplog.at_level(logging.WARNING):
+      train_cli.options_from_flags()
+  finally:
+    FLAGS.unparse_flags()
+  assert ('--save_summaries_images: no images are written, as '
+          '--save_summaries_secs=0' in caplog.text) == warned
 
 
 @pytest.mark.parametrize('value,warned', [('false', True), ('true', False)])

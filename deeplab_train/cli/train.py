@@ -278,6 +278,9 @@ def options_from_flags():
                        ': the folder for checkpoints and summaries')
   output_paths.check_output_folder('train_logdir', FLAGS.train_logdir)
   output_paths.check_output_file('result_json', FLAGS.result_json)
+  # Made at the first trace, after the graph is built (half a minute):
+  # failed there with a traceback, exit 1.
+  output_paths.check_output_folder('profile_logdir', FLAGS.profile_logdir)
   common_flags.require(FLAGS.dataset_dir, 'dataset_dir',
                        ': the folder of the TFRecords (see deeplab-build-data)')
   common_flags.refuse_quantisation('quantised training is not supported')
@@ -308,6 +311,10 @@ def options_from_flags():
   for warning in config.check_training_setup(model_options, train,
                                              towers_on_cpu=towers_on_cpu):
     logging.warning('%s', app.user_message(warning, FLAG_NAMES))
+  if train.save_summaries_images and not runs.save_summaries_secs:
+    logging.warning('--save_summaries_images: no images are written, as '
+                    '--save_summaries_secs=0 writes no summaries; give it a '
+                    'number of seconds to see them')
   # Fails now, with the folder named, rather than inside the graph.
   pipeline.split_files(FLAGS.dataset_dir, FLAGS.train_split)
   if runs.validates:
