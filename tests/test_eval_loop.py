@@ -464,12 +464,16 @@ def test_follow_mode_started_before_the_run_takes_the_runs_options(
   assert (logdir / 'eval').is_dir()
 
   # No checkpoint within --eval_timeout_secs: it stops, exit 0, as after
-  # the last checkpoint of a run.
+  # the last checkpoint of a run, with its result line (there was none).
   assert et.run_cli(eval_cli, [
       '--checkpoint_dir=%s' % (tmp_path / 'never'),
       '--dataset_dir=' + tiny['data'], '--eval_interval_secs=0',
       '--eval_timeout_secs=1.5']) == 0
   assert not (tmp_path / 'never').exists()
+  assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {
+      'event': 'result', 'status': 'ok', 'evaluations': 0,
+      'message': 'no checkpoint in %s within --eval_timeout_secs=1.5: '
+                 'nothing was evaluated' % (tmp_path / 'never')}
 
 
 def test_the_last_of_max_number_of_evaluations_is_the_final_result(

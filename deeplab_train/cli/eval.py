@@ -343,8 +343,13 @@ def evaluate_flags():
   they cannot be written (then exit 1)."""
   job = options_from_flags()  # raises no ResultNotWrittenError
   if job is None:
-    logging.info('no checkpoint in %s within --eval_timeout_secs=%g; '
-                 'stopping', FLAGS.checkpoint_dir, FLAGS.eval_timeout_secs)
+    # Follow mode's end, asked for: exit 0, with the command's result line
+    # (there was none), saying that nothing was evaluated.
+    app.print_final_result(
+        'ok', message='no checkpoint in %s within --eval_timeout_secs=%g: '
+        'nothing was evaluated' % (FLAGS.checkpoint_dir,
+                                   FLAGS.eval_timeout_secs),
+        evaluations=0)
     return []
   # pylint: disable-next=g-import-not-at-top
   from deeplab_train.evaluation import eval_loop
