@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from deeplab_train import config
+from deeplab_train.cli import app
 from deeplab_train.cli import common_flags
 from deeplab_train.cli import stats as stats_cli
 from deeplab_train.cli import train_flags
@@ -663,10 +664,22 @@ def test_the_default_dataset_name_beside_a_dataset_json_is_no_warning(
   with _flags(['--dataset_dir=%s' % out]), caplog.at_level('WARNING'):
     assert common_flags.dataset_info().name == described
   assert 'describes dataset' not in caplog.text
-  # A --dataset given that the file contradicts still is.
+  # A --dataset given that the file contradicts still is, naming the flag
+  # (it said 'dataset=pascal_voc_seg').
   with _flags(['--dataset_dir=%s' % out, '--dataset=pascal_voc_seg']):
-    with caplog.at_level('WARNING'):
+    with caplog.at_level('WARNING'), app.flag_terms_in_logs():
       assert common_flags.dataset_info().name == described
-  assert ('dataset=pascal_voc_seg but %s describes dataset %r; using the '
+  assert ('--dataset=pascal_voc_seg but %s describes dataset %r; using the '
           'file' % (os.path.join(out, 'dataset.json'), described)
           in caplog.text)
+  # Without --dataset, eval, vis and export take the name the training run
+  # saved: the warning named a --dataset the user never gave.
+  caplog.clear()
+  with _flags(['--dataset_dir=%s' % out]):
+    with caplog.at_level('WARNING'), app.flag_terms_in_logs():
+      assert common_flags.dataset_info({'name': 'cityscapes'}).name == (
+          described)
+  assert ("the training run's deeplab_config.json names dataset 'cityscapes' "
+          'but %s describes dataset %r; using the file'
+          % (os.path.join(out, 'dataset.json'), described) in caplog.text)
+  assert '--dataset' not in caplog.text

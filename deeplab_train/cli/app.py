@@ -107,6 +107,7 @@ def report_result(command, result, result_json=None, flag_names=None):
 # Option fields of every command whose flag is not named after the field.
 SHARED_FLAG_NAMES = {
     'ModelOptions.dense_prediction_cell_config': 'dense_prediction_cell_json',
+    'load_dataset_info.name': 'dataset',
 }
 
 

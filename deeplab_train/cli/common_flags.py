@@ -243,10 +243,12 @@ def dataset_info(saved_dataset=None):
   """The DatasetInfo of --dataset_dir (its dataset.json) and `dataset_name`;
   the flag's default, which the user did not choose, warns of no other
   dataset in the dataset.json."""
+  saved_name = _saved_dataset_name(saved_dataset)
   return datasets.load_dataset_info(
       dataset_name(saved_dataset), FLAGS.dataset_dir,
-      name_is_default=(not explicitly_set('dataset') and
-                       _saved_dataset_name(saved_dataset) is None))
+      name_is_default=not explicitly_set('dataset') and saved_name is None,
+      name_from=("the training run's %s" % config.RUN_CONFIG_FILENAME
+                 if saved_name else None))
 
 
 def _flag_model_values(defaults=None):

@@ -27,6 +27,7 @@ from typing import Dict, Optional, Tuple, Union
 
 from deeplab_train import atomic
 from deeplab_train.config import ConfigError
+from deeplab_train.config import errors
 from deeplab_train.config.serialize import read_json_file
 from deeplab_train.data import colormap as colormap_lib
 from deeplab_train.data import stats as stats_lib
@@ -303,7 +304,8 @@ def read_dataset_json(dataset_dir):
   return DatasetInfo.from_dict(payload, source=path)
 
 
-def load_dataset_info(name, dataset_dir=None, name_is_default=False):
+def load_dataset_info(name, dataset_dir=None, name_is_default=False,
+                      name_from=None):
   """Describes the dataset to train or evaluate on.
 
   A `dataset.json` in `dataset_dir` wins over the built-in table: it says
@@ -314,6 +316,8 @@ def load_dataset_info(name, dataset_dir=None, name_is_default=False):
     dataset_dir: the folder holding the TFRecords (may be None).
     name_is_default: `name` is the option's default, which the user did not
       choose: a dataset.json naming another dataset is then no warning.
+    name_from: where `name` was read, if not from the option (e.g. "the
+      training run's deeplab_config.json"), for that warning.
 
   Returns:
     A DatasetInfo.
@@ -325,9 +329,15 @@ def load_dataset_info(name, dataset_dir=None, name_is_default=False):
     info = read_dataset_json(dataset_dir)
     if info is not None:
       if name and info.name != name and not name_is_default:
-        _log.warning('dataset=%s but %s describes dataset %r; using the '
-                     'file', name, os.path.join(dataset_dir, DATASET_JSON),
-                     info.name)
+        path = os.path.join(dataset_dir, DATASET_JSON)
+        if name_from:
+          _log.warning('%s names dataset %r but %s describes dataset %r; '
+                       'using the file', name_from, name, path, info.name)
+        else:
+          # In the command's flags: --dataset=NAME (cli/app.py).
+          _log.warning(errors.Message(
+              '{load_dataset_info.name}=%s but %s describes dataset %r; '
+              'using the file', name, path, info.name))
       return info
   if name in BUILTIN_DATASETS:
     return BUILTIN_DATASETS[name]
