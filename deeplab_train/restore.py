@@ -300,7 +300,11 @@ def checkpoint_reader(prefix):
 def _damaged(prefix, what, error):
   """The DamagedCheckpointError of `prefix` whose `what` ('its data is')
   TensorFlow's `error` could not read."""
-  reason = (error.message or str(error)).strip().splitlines()[-1].strip()
+  # TensorFlow's reason is its message's last line but the node it ran
+  # ('\t [[{{node save/RestoreV2}}]]'), which was shown instead.
+  lines = [line.strip() for line in (error.message or str(error)).splitlines()
+           if line.strip() and not line.strip().startswith('[[')]
+  reason = lines[-1] if lines else type(error).__name__
   return DamagedCheckpointError(
       'checkpoint %s cannot be read: ' + what + ' damaged or cut short (%s); '
       'use another checkpoint or copy this one again', prefix, reason)
