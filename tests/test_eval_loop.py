@@ -223,6 +223,22 @@ def test_run_once_without_checkpoint_fails_at_once(tmp_path, capsys):
           % tmp_path in capsys.readouterr().err)
 
 
+@pytest.mark.parametrize('extra,shown', [
+    (['--eval_scales=0.75,1.0'], '--eval_scales=0.75,1.0'),
+    (['--add_flipped_images'], '--eval_scales=1.0, --add_flipped_images')])
+def test_an_image_pyramid_with_multi_scale_inference_is_refused(
+    tiny, capsys, extra, shown):
+  """Multi-scale inference runs each scale alone: --image_pyramid beside it
+  was ignored without a word (the graph was the same without it)."""
+  code = et.run_cli(eval_cli, ['--checkpoint_dir=' + tiny['train'],
+                               '--dataset_dir=' + tiny['data'],
+                               '--image_pyramid=0.5,1.0'] + extra)
+  assert code == 2
+  assert ('--image_pyramid=0.5,1.0 works in single-scale inference only; '
+          'multi-scale inference (%s) would ignore it: leave out one or the '
+          'other' % shown) in capsys.readouterr().err
+
+
 def test_crop_too_small_for_the_split_is_refused_at_once(tiny, capsys):
   """A crop size too small for several images was refused at the first of
   them, with the size that one needed (33,41 here): the next run then

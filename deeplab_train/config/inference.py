@@ -65,6 +65,16 @@ class InferenceOptions(JsonMixin):
           % _show(self.crop_size or ()))
     check(min(self.scales) > 0, '{InferenceOptions.scales} must be positive, '
           'got %s' % _show(self.scales))
+    # The multi-scale network runs each scale (and its flip) alone, without
+    # the pyramid: the pyramid was dropped without a word, as the
+    # original's predict_labels_multi_scale drops it.
+    check(not (self.multi_scale and self.image_pyramid not in (None, (1.0,))),
+          '{InferenceOptions.image_pyramid}=%s works in single-scale '
+          'inference only; multi-scale inference ({InferenceOptions.scales}=%s'
+          '%s) would ignore it: leave out one or the other'
+          % (_show(self.image_pyramid or ()), _show(self.scales),
+             ', {InferenceOptions.add_flipped_images}'
+             if self.add_flipped_images else ''))
     return self
 
   def check_holds(self, height, width, output_stride, what):
