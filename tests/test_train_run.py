@@ -496,6 +496,50 @@ def test_stop_follows_the_step_read_after_the_update():
     # value; it ran 3 steps here at 4 most of the time, and 2 in one CI run.)
 
 
+def test_a_trace_is_written_whole_or_not_at_all(tmp_path, monkeypatch,
+                                                caplog):
+  """--profile_logdir's traces: TensorFlow's hook wrote timeline-STEP.json
+  under its final name, and a run killed with kill -9 meanwhile left it
+  empty. Here: a trace that failed leaves nothing, no temp either; one that
+  cannot be written (a folder in its way; TensorFlow's hook then ended the
+  training with a traceback) is logged and training goes on."""
+  from tensorflow.python.client import timeline  # pylint: disable=g-import-not-at-top
+
+  def traces_of_4_steps(folder):
+    folder.mkdir(exist_ok=True)
+    with tf.Graph().as_default():
+      global_step = tf.train.get_or_create_global_step()
+      train_op = tf.assign_add(global_step, 1)
+      hook = hooks_lib.ChromeTraceHook(save_steps=2, output_dir=str(folder))
+      with tf.train.MonitoredSession(hooks=[hook]) as sess:
+        for _ in range(4):
+          sess.run(train_op)
+    return sorted(n for n in os.listdir(folder) if 'timeline' in n)
+
+  assert traces_of_4_steps(tmp_path / 'a') == ['timeline-2.json',
+                                               'timeline-4.json']
+  with open(tmp_path / 'a' / 'timeline-4.json') as f:
+    assert json.load(f)['traceEvents']
+
+  def broken(self, **kwargs):
+    raise RuntimeError('killed while the trace was generated')
+  with monkeypatch.context() as patch:
+    patch.setattr(timeline.Timeline, 'generate_chrome_trace_format', broken)
+    with pytest.raises(RuntimeError, match='killed while'):
+      traces_of_4_steps(tmp_path / 'b')
+  assert not [n for n in os.listdir(tmp_path / 'b') if 'timeline' in n]
+
+  # A folder in the way of the first (as a full disk): no trace, a
+  # warning, the steps all run.
+  (tmp_path / 'c').mkdir()
+  (tmp_path / 'c' / 'timeline-2.json').mkdir()
+  with caplog.at_level('WARNING'):
+    assert traces_of_4_steps(tmp_path / 'c') == ['timeline-2.json',
+                                                 'timeline-4.json']
+  assert os.path.isdir(tmp_path / 'c' / 'timeline-2.json')
+  assert 'the trace of step 2 was not written' in caplog.text
+
+
 def test_progress_logs_a_global_step_once():
   """In a synchronous cluster two steps of a fast worker can make one update
   of the global step: each step was logged twice."""

@@ -16,6 +16,7 @@ import time
 from absl import logging
 import tensorflow.compat.v1 as tf
 
+from deeplab_train import atomic
 from deeplab_train.config import errors
 from deeplab_train.runtime import checkpoint_state
 from deeplab_train.runtime import result as result_lib
@@ -346,6 +347,27 @@ def remove_partial_checkpoint(path):
         os.rmdir(full)
       else:
         os.remove(full)
+
+
+class ChromeTraceHook(tf.train.ProfilerHook):
+  """TensorFlow's ProfilerHook (timeline-STEP.json, the Chrome trace of a
+  step every `save_steps`), each trace written under a temp name and
+  renamed: TensorFlow's opened the final name, then generated the trace
+  into it, so a run killed meanwhile left an empty file under the name.
+  A trace that cannot be written (a full disk) is logged; training goes on.
+  """
+
+  def _save(self, step, save_path, step_stats):
+    # pylint: disable-next=g-import-not-at-top
+    from tensorflow.python.client import timeline
+    trace = timeline.Timeline(step_stats).generate_chrome_trace_format(
+        show_dataflow=self._show_dataflow, show_memory=self._show_memory)
+    try:
+      atomic.write_bytes(save_path, trace.encode('utf-8'))
+    except OSError as e:
+      logging.warning('the trace of step %d was not written: %s', step, e)
+      return
+    logging.info('wrote the trace of step %d to %s', step, save_path)
 
 
 class ProgressHook(tf.train.SessionRunHook):

@@ -515,7 +515,7 @@ class TrainingRun:
           summary_writer=events.writer, summary_op=g.summary_op))
     if run_options.profile_logdir:
       os.makedirs(run_options.profile_logdir, exist_ok=True)
-      out.append(tf.train.ProfilerHook(
+      out.append(hooks_lib.ChromeTraceHook(
           save_steps=PROFILE_STEPS, output_dir=run_options.profile_logdir))
     return out
 
