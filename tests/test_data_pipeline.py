@@ -2,6 +2,7 @@
 in-graph validation errors, split errors, batching and determinism."""
 import io
 import os
+import re
 import subprocess
 import sys
 
@@ -401,3 +402,29 @@ def test_a_failed_read_is_told_from_a_failed_op_by_the_iterator():
       'ParallelMapV2: Could not parse example input, value: \'x\'\n\t '
       '[[{{node ParseExample}}]]') == (
           "Could not parse example input, value: 'x'")
+
+
+@pytest.mark.parametrize('split', ['*', 'tr*', 'va?', '[tv]al'])
+def test_a_split_given_as_a_pattern_is_refused(tmp_path, split):
+  """The shards are found by `{split}-*`: 'tr*' or '*' (for
+  --calibration_split, --eval_split...) read several splits as one."""
+  for name in ('train-00000-of-00001.tfrecord', 'val-00000-of-00001.tfrecord'):
+    (tmp_path / name).write_bytes(b'')
+  with pytest.raises(ConfigError, match=re.escape(
+      'split %r holds a pattern character (* ? [ ]): a split\'s shards are '
+      'found as <split>-*, so it read several splits as one; give the split '
+      'flag the name of one split' % split)):
+    pipeline.split_files(str(tmp_path), split)
+
+
+def test_a_split_does_not_take_in_the_shards_of_another(tmp_path):
+  """`val-*` took in the shards of a split 'val-hard' too; a file of
+  another name (the original's records may be named freely) still is."""
+  for name in ('val-00000-of-00001.tfrecord',
+               'val-hard-00000-of-00002.tfrecord',
+               'val-hard-00001-of-00002.tfrecord', 'val-extra.tfrecord'):
+    (tmp_path / name).write_bytes(b'')
+  assert [os.path.basename(f) for f in tfrecord.list_split_files(
+      str(tmp_path), 'val')] == ['val-00000-of-00001.tfrecord',
+                                 'val-extra.tfrecord']
+  assert len(tfrecord.list_split_files(str(tmp_path), 'val-hard')) == 2

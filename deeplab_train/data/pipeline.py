@@ -83,6 +83,11 @@ def split_files(dataset_dir, split):
   if not dataset_dir or not os.path.isdir(dataset_dir):
     raise ConfigError('{split_files.dataset_dir}=%s is not a folder',
                       dataset_dir)
+  if any(c in split for c in '*?[]'):
+    raise ConfigError(
+        'split %r holds a pattern character (* ? [ ]): a split\'s shards '
+        'are found as <split>-*, so it read several splits as one; give the '
+        'split flag the name of one split', split)
   journal = tfrecord.unfinished_switch(dataset_dir)
   if journal:
     raise ConfigError(

@@ -69,15 +69,23 @@ def unfinished_switch(dataset_dir):
 def list_split_files(dataset_dir, split):
   """The shard files of `split` in `dataset_dir`, sorted.
 
-  Matches the original's `{split}-*` glob; hidden files (our in-progress
-  temp shards start with '.') never match.
+  Matches the original's `{split}-*` glob, less the standard shards of
+  another split it takes in (`val-hard-00000-of-00002.tfrecord` for split
+  'val'); hidden files (our in-progress temp shards start with '.') never
+  match.
   """
   if not os.path.isdir(dataset_dir):
     return []
   pattern = shard_pattern(split)
   return sorted(os.path.join(dataset_dir, f)
                 for f in os.listdir(dataset_dir)
-                if fnmatch.fnmatchcase(f, pattern) and not f.startswith('.'))
+                if fnmatch.fnmatchcase(f, pattern) and not f.startswith('.')
+                and _not_of_another_split(f, split))
+
+
+def _not_of_another_split(filename, split):
+  parsed = parse_shard_filename(filename)
+  return parsed is None or parsed[0] == split
 
 
 # A record's frame: its length (8 bytes, little-endian), the length's CRC
