@@ -49,7 +49,11 @@ def test_resize_to_range_size_follows_the_original_rule():
            ((100, 200, 50, None, None), (50, 100)),
            ((100, 200, 60, 300, 16), (65, 129)),
            ((100, 200, None, 80, None), (40, 80)),
-           ((333, 500, 513, 513, None), (341, 513))]
+           ((333, 500, 513, 513, None), (341, 513)),
+           # A side of 0 (3 * 129 / 1000) is 1, as the factor's rounding
+           # made it: no resize takes 0.
+           ((3, 1000, 65, 129, None), (1, 129)),
+           ((3, 1000, 65, 129, 16), (1, 129))]
 
   def build():
     return [image_ops.resize_to_range_size(*args) for args, _ in cases]

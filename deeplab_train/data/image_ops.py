@@ -38,7 +38,9 @@ def resize_to_range_size(height, width, min_size=None, max_size=None,
   The short side becomes `min_size` unless the long side would then exceed
   `max_size`, in which case the long side becomes `max_size` (lowered first
   to a multiple of `factor` plus one). Finally both sides are rounded up to
-  a multiple of `factor` plus one.
+  a multiple of `factor` plus one. A side is at least 1: a 3x1000 image
+  at max_size 129 had a side of 0, which no resize takes (the original's
+  rule too; with a factor its rounding made it 1).
   """
   h = tf.cast(height, tf.float32)
   w = tf.cast(width, tf.float32)
@@ -59,6 +61,7 @@ def resize_to_range_size(height, width, min_size=None, max_size=None,
           lambda: small_size, lambda: new_size)
   else:
     new_size = small_size
+  new_size = tf.maximum(new_size, 1)
   if factor is not None:
     new_size += (factor - (new_size - 1) % factor) % factor
   return new_size
