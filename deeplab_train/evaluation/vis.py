@@ -29,7 +29,11 @@ from deeplab_train import config
 from deeplab_train.config import errors
 from deeplab_train.data import colormap as colormap_lib
 from deeplab_train.data import pil_images
+from deeplab_train.data import build_examples
+from deeplab_train.data import build_options
+from deeplab_train.data import pipeline
 from deeplab_train.data import preprocess
+from deeplab_train.data import tfrecord
 from deeplab_train.evaluation import eval_loop
 from deeplab_train.evaluation import legend as legend_lib
 from deeplab_train import atomic
@@ -177,19 +181,25 @@ def iterate_image_dir(image_dir, preprocess_options, mean_pixel,
                  '/'.join(IMAGE_EXTENSIONS), errors.shortened(others, 10))
   turned = []
   pil_images.quiet_unnamed_warnings()
-  with _Resizer(preprocess_options) as resize:
+  with _Resizer(preprocess_options) as resize, _Decoder() as decode:
     for name in files:
       path = os.path.join(image_dir, name)
       try:
-        with Image.open(path) as im:
-          note = pil_images.large_image_note(path, *im.size)
-          if note:
-            _log.warning('%s', note)
-          if pil_images.orientation(im) != 1:
-            turned.append(name)
-          original = np.asarray(pil_images.to_rgb(im))
-      except pil_images.READ_ERRORS as e:
-        reason = pil_images.read_error_reason(e)
+        # What deeplab-build-data would store of it, decoded as training
+        # decodes that.
+        data, _, _, _, orientation = build_examples.read_image(path)
+        if orientation != 1:
+          turned.append(name)
+        original = decode(data)
+      except (*pil_images.READ_ERRORS, tf.errors.InvalidArgumentError) as e:
+        if isinstance(e, tf.errors.OpError):
+          reason = pipeline.error_reason(e.message)
+        elif isinstance(e, build_options.DataError):
+          # DataError('%s is not a readable image (%s)', path, reason).
+          reason = e.values[-1]
+        else:  # the file itself (a folder named x.jpg, an I/O error)
+          reason = (getattr(e, 'strerror', None) or
+                    pil_images.read_error_reason(e))
         if unreadable is None:
           raise config.ConfigError('cannot read image %s: %s', path,
                                    reason) from None
@@ -207,7 +217,36 @@ def iterate_image_dir(image_dir, preprocess_options, mean_pixel,
         'viewers show it'))
 
 
-class _Resizer:
+class _WithSession:
+  """A context manager closing its `_session` (a tf.Session, or None)."""
+  _session = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *unused):
+    if self._session is not None:
+      self._session.close()
+
+
+class _Decoder(_WithSession):
+  """Callable: the bytes deeplab-build-data stores of an image
+  (data/build_examples.read_image) -> uint8 [H, W, 3], decoded by
+  TensorFlow as training decodes them. Pillow's decoder gave a JPEG's
+  pixels up to 12 levels apart (another DCT), and predictions that
+  differed from those of the same image in a split."""
+
+  def __call__(self, data):
+    if self._session is None:
+      graph = tf.Graph()
+      with graph.as_default():
+        self._bytes = tf.placeholder(tf.string, [])
+        self._decoded = tfrecord.decode_image(self._bytes, 3)
+      self._session = tf.Session(graph=graph)
+    return self._session.run(self._decoded, {self._bytes: data})
+
+
+class _Resizer(_WithSession):
   """Callable: uint8 image -> float32 image resized like the training input."""
 
   def __init__(self, preprocess_options):
@@ -229,13 +268,6 @@ class _Resizer:
     if self._session is None:
       return image.astype(np.float32)
     return self._session.run(self._resized, {self._input: image})
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *unused):
-    if self._session is not None:
-      self._session.close()
 
 
 def visualize(predictor, samples, vis_logdir, colormap, vis_options,
