@@ -159,8 +159,9 @@ def _stale_shards(written, splits):
   stale = []
   for output_dir, split in splits:
     for path in tfrecord.list_split_files(output_dir, split):
-      parsed = tfrecord.parse_shard_filename(path)
-      if parsed and parsed[0] == split and path not in keep:
+      # Standard names only (list_split_files gives none of another
+      # split's): other files of the glob are not the build's to remove.
+      if tfrecord.parse_shard_filename(path) and path not in keep:
         stale.append(path)
   return stale
 

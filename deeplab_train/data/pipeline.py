@@ -54,11 +54,12 @@ def _splits_present(dataset_dir):
 
 
 def _check_complete(files, split):
-  """Standard `-of-N` shard sets must have all N shards."""
+  """Standard `-of-N` shard sets must have all N shards (`files`: the
+  split's, from list_split_files, which gives no other split's)."""
   totals = {}
   for path in files:
     parsed = tfrecord.parse_shard_filename(path)
-    if parsed and parsed[0] == split:
+    if parsed:
       totals.setdefault(parsed[2], set()).add(parsed[1])
   for total, indices in totals.items():
     missing = sorted(set(range(total)) - indices)
