@@ -564,6 +564,38 @@ def test_follow_mode_reads_a_checkpoint_deleted_after_it_was_chosen(
   assert os.listdir(logdir) == ['checkpoint']
 
 
+def test_follow_mode_skips_a_damaged_checkpoint(tiny, tmp_path, caplog):
+  """Followed, a checkpoint whose data cannot be read is skipped with its
+  reason and the next one is scored: it ended the run (exit 2), and the
+  training run's later checkpoints went unscored."""
+  logdir = tmp_path / 'follow'
+  logdir.mkdir()
+  prefix7 = _copy_checkpoint(tiny['checkpoint'], str(logdir), 7)
+  data = prefix7 + '.data-00000-of-00001'
+  with open(data, 'r+b') as f:
+    f.truncate(os.path.getsize(data) // 2)
+  written = []
+
+  def trainer_saves_step_8(_):
+    if not written:
+      written.append(_copy_checkpoint(tiny['checkpoint'], str(logdir), 8))
+  info = datasets.load_dataset_info('tiny', tiny['data'])
+  _, image, label = et.tiny_images()[0]
+  results = eval_loop.evaluate(
+      str(logdir), str(tmp_path / 'follow_eval'), et.tiny_model_options(),
+      config.InferenceOptions(), config.EvalOptions(
+          follow=True, eval_interval_secs=0, max_number_of_evaluations=1,
+          timeout_secs=60),
+      info, lambda: [{'image': image.astype(np.float32), 'label': label,
+                      'name': 'a'}],
+      sleep=trainer_saves_step_8)
+  assert [r['checkpoint'] for r in results] == written
+  skipped = [r.getMessage() for r in caplog.records
+             if r.getMessage().startswith('skipping ')]
+  assert len(skipped) == 1 and prefix7 in skipped[0], skipped
+  assert 'cannot be read' in skipped[0], skipped
+
+
 def test_watch_checkpoints_waits_and_times_out(tmp_path):
   clock = [0.0]
   sleeps = []

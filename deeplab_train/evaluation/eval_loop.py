@@ -323,10 +323,13 @@ def evaluate(checkpoint_dir, eval_logdir, model_options, inference,
           result, scores = evaluate_checkpoint(
               predictor, checkpoint_path, make_samples, dataset_info,
               eval_options, inference)
-      except (tf.errors.NotFoundError, restore_lib.CheckpointGoneError) as e:
+      except (tf.errors.NotFoundError, restore_lib.CheckpointGoneError,
+              restore_lib.DamagedCheckpointError) as e:
         if not eval_options.follow:
           raise
-        # The trainer may delete old checkpoints while we read them.
+        # The trainer may delete old checkpoints while we read them; one
+        # that cannot be read (a disk that filled up while it was saved)
+        # does not stop the checkpoints after it from being scored.
         _log.warning('skipping %s: %s', checkpoint_path,
                      getattr(e, 'message', e))
         continue
