@@ -51,6 +51,13 @@ def all_records(output_dir, split, num_shards):
   return records
 
 
+def records_by_name(output_dir, split, num_shards):
+  """{image/filename: (features, image, label ids)} of a split's records,
+  in their order."""
+  return {r[0]['image/filename'].bytes_list.value[0].decode(): r
+          for r in all_records(output_dir, split, num_shards)}
+
+
 def voc(tmp_path, splits, **kwargs):
   return common.write_voc_folder(str(tmp_path / 'voc'), splits, **kwargs)
 

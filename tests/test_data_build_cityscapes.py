@@ -21,8 +21,7 @@ write_city = cityscapes_tree.write_city
 
 
 def records_by_name(out, split):
-  return {r[0]['image/filename'].bytes_list.value[0].decode(): r
-          for r in test_data_build.all_records(out, split, 2)}
+  return test_data_build.records_by_name(out, split, 2)
 
 
 def test_label_ids_map_to_the_train_ids_of_the_class_names():
@@ -51,12 +50,10 @@ def test_train_and_val_from_train_ids_or_label_ids(tmp_path):
   assert info.name == 'cityscapes' and info.palette == 'cityscapes'
   assert info.class_names == datasets.CITYSCAPES_CLASSES
   for split, wanted in (('train', want), ('val', want_val)):
-    records = test_data_build.all_records(out, split, 2)
-    names = [r[0]['image/filename'].bytes_list.value[0].decode()
-             for r in records]
+    records = records_by_name(out, split)
     # Named by stem (no _leftImg8bit), in order of city, then stem.
-    assert names == sorted(wanted)
-    for name, (_, image, ids) in zip(names, records):
+    assert list(records) == sorted(wanted)
+    for name, (_, image, ids) in records.items():
       np.testing.assert_array_equal(ids, wanted[name])
       assert image.shape[:2] == ids.shape
 

@@ -21,6 +21,18 @@ cityscapes and 19 there:
 
   deeplab-build-data --cityscapes_root=cityscapes --output_dir=tfrecord
 
+ADE20K layout (the original ADE20K converter's flags): a folder of images
+and one of <stem>.png labels for each of train and val (or one of them);
+--dataset_name, --num_classes and --ignore_label default to ade20k, 151
+and 0 there:
+
+  deeplab-build-data \\
+      --train_image_folder=ADEChallengeData2016/images/training \\
+      --train_image_label_folder=ADEChallengeData2016/annotations/training \\
+      --val_image_folder=ADEChallengeData2016/images/validation \\
+      --val_image_label_folder=ADEChallengeData2016/annotations/validation \\
+      --output_dir=tfrecord
+
 Palette ('P') and grey ('L') label PNGs are read as class ids; RGB colour
 labels are converted through --colormap (or refused with
 --noconvert_rgb_labels). Run once per split to add splits to the same
@@ -41,7 +53,7 @@ pid), 1 anything else; the last line on stdout is a JSON result line.
 """
 import dataclasses
 import logging
-from typing import Optional
+from typing import Optional, Tuple
 
 from absl import flags
 
@@ -98,6 +110,22 @@ _CITYSCAPES_LAYOUT_TABLE = (
      'Setting it selects the Cityscapes layout.'),
 )
 
+# ADE20K layout (the original ADE20K converter's flags): split -> the flags
+# of its image and label folders.
+_PAIRED_SPLITS = {split: ('%s_image_folder' % split,
+                          '%s_image_label_folder' % split)
+                  for split in ('train', 'val')}
+_PAIRED_LAYOUT_TABLE = tuple(
+    row for split, (images, labels) in _PAIRED_SPLITS.items() for row in (
+        ('string', images, None,
+         'ADE20K layout: folder of the %s split\'s images, matched to the '
+         '<stem>.png labels of --%s by file stem. Setting it selects this '
+         'layout, in which each split given has its two folders.'
+         % (split, labels)),
+        ('string', labels, None,
+         'ADE20K layout: folder of the %s split\'s <stem>.png labels.'
+         % split)))
+
 # Dataset description and validation.
 _DATASET_TABLE = (
     ('integer', 'num_classes', 21,
@@ -126,12 +154,13 @@ _OUTPUT_TABLE = (
      '--num_shards).'),
 )
 flag_table.define(_CONVERTER_TABLE, _GENERIC_LAYOUT_TABLE,
-                  _CITYSCAPES_LAYOUT_TABLE, _DATASET_TABLE, _OUTPUT_TABLE)
+                  _CITYSCAPES_LAYOUT_TABLE, _PAIRED_LAYOUT_TABLE,
+                  _DATASET_TABLE, _OUTPUT_TABLE)
 
 
 # Conversion errors name BuildOptions fields and the arguments of
-# build_voc / build_generic / convert; each is set by the flag of the same
-# name, except:
+# build_voc / build_generic / build_paired_splits / convert; each is set by
+# the flag of the same name, except:
 FLAG_NAMES = {'build_voc.label_folder': 'semantic_segmentation_folder',
               'build_cityscapes.root': 'cityscapes_root'}
 
@@ -141,8 +170,10 @@ class BuildJob:
   """What to convert: the folders, their layout, and the dataset options.
 
   `cityscapes_root` set selects the Cityscapes layout, `masks_folder` set
-  the generic layout (images matched to masks by file stem); otherwise the
-  VOC layout reads the id lists of `list_folder`.
+  the generic layout (images matched to masks by file stem), `split_folders`
+  ((split, image folder, label folder) each) the ADE20K layout (the generic
+  one for each split); otherwise the VOC layout reads the id lists of
+  `list_folder`.
   """
   options: build_options.BuildOptions
   image_folder: str
@@ -154,25 +185,66 @@ class BuildJob:
   list_folder: Optional[str] = None
   image_format: str = 'jpg'
   cityscapes_root: Optional[str] = None
+  split_folders: Tuple[Tuple[str, str, str], ...] = ()
 
 
-def _dataset_defaults():
+def _paired_layout():
+  """The ADE20K layout's flags given: [(split, image folder flag, label
+  folder flag)] of the splits of which one is given."""
+  return [(split, images, labels)
+          for split, (images, labels) in _PAIRED_SPLITS.items()
+          if FLAGS[images].value or FLAGS[labels].value]
+
+
+def _layout():
+  """The flag that selects the layout given ('cityscapes_root',
+  'masks_folder', or the first of the ADE20K layout's given), or None for
+  the VOC layout."""
+  selected = ['--' + name for name in ('cityscapes_root', 'masks_folder')
+              if FLAGS[name].value]
+  paired = _paired_layout()
+  if paired:
+    _, images, labels = paired[0]
+    selected.append('--' + (images if FLAGS[images].value else labels))
+  if len(selected) > 1:
+    raise ConfigError('%s select two layouts; give one',
+                      ' and '.join(selected))
+  return selected[0][2:] if selected else None
+
+
+# The built-in dataset whose name, class count and ignore label a layout's
+# conversion takes where their flags are not given.
+_PAIRED_FLAGS = [name for pair in _PAIRED_SPLITS.values() for name in pair]
+_LAYOUT_DATASETS = dict({name: 'ade20k' for name in _PAIRED_FLAGS},
+                        cityscapes_root='cityscapes')
+
+
+def _dataset_defaults(layout):
   """(dataset_name, num_classes, ignore_label) from the flags; in the
-  Cityscapes layout those not given are Cityscapes' own."""
+  Cityscapes and ADE20K layouts those not given are that dataset's own."""
   given = (FLAGS.dataset_name, FLAGS.num_classes, FLAGS.ignore_label)
-  if not FLAGS.cityscapes_root:
+  if layout not in _LAYOUT_DATASETS:
     return given
-  cityscapes = datasets.BUILTIN_DATASETS['cityscapes']
-  own = (cityscapes.name, cityscapes.num_classes, cityscapes.ignore_label)
+  dataset = datasets.BUILTIN_DATASETS[_LAYOUT_DATASETS[layout]]
+  own = (dataset.name, dataset.num_classes, dataset.ignore_label)
   return tuple(value if FLAGS[name].present else default
                for name, value, default in zip(
                    ('dataset_name', 'num_classes', 'ignore_label'), given,
                    own))
 
 
+_PAIRED_NOT_READ = {
+    name: 'each split\'s images and labels are read from its own '
+          '--SPLIT_image_folder and --SPLIT_image_label_folder'
+    for name in ('image_folder', 'semantic_segmentation_folder',
+                 'list_folder', 'image_format')}
+_PAIRED_NOT_READ['split_name'] = (
+    'the splits converted are those whose --SPLIT_image_folder is given')
+
 # The flags of one layout that another layout does not read: given, they
 # would be ignored (a list of the images to convert, silently not used).
 _NOT_READ = {
+    **{name: _PAIRED_NOT_READ for name in _PAIRED_FLAGS},
     'masks_folder': {
         'list_folder': 'to convert only the images a <split>.txt list names, '
                        'give the masks as --semantic_segmentation_folder (the '
@@ -189,27 +261,30 @@ _NOT_READ = {
 
 
 def _check_layout_flags():
-  """Raises ConfigError for a flag the layout chosen does not read."""
-  if FLAGS.cityscapes_root and FLAGS.masks_folder:
-    raise ConfigError('--cityscapes_root and --masks_folder select two '
-                      'layouts; give one')
-  for layout, others in _NOT_READ.items():
-    if not FLAGS[layout].value:
-      continue
-    for name, fix in others.items():
-      if FLAGS[name].present:
-        raise ConfigError('--%s is not read in the layout --%s selects: %s',
-                          name, layout, fix)
+  """The layout selected (see `_layout`); raises ConfigError for a flag
+  that layout does not read, or half of a split's pair of folders."""
+  layout = _layout()
+  for name, fix in _NOT_READ.get(layout, {}).items():
+    if FLAGS[name].present:
+      raise ConfigError('--%s is not read in the layout --%s selects: %s',
+                        name, layout, fix)
+  for _, images, labels in _paired_layout():
+    for given, missing in ((images, labels), (labels, images)):
+      if not FLAGS[missing].value:
+        raise ConfigError('--%s=%s needs --%s: give the folder of the '
+                          'split\'s %s', given, FLAGS[given].value, missing,
+                          'labels' if missing == labels else 'images')
   if FLAGS.split_name is not None:
     why = build_inputs.split_name_problem(FLAGS.split_name)
     if why:
       raise ConfigError('--split_name=%s: %s', FLAGS.split_name, why)
+  return layout
 
 
 def options_from_flags():
   """The flags -> a BuildJob (its BuildOptions validated)."""
-  _check_layout_flags()
-  dataset_name, num_classes, ignore_label = _dataset_defaults()
+  layout = _check_layout_flags()
+  dataset_name, num_classes, ignore_label = _dataset_defaults(layout)
   options = build_options.BuildOptions(
       num_classes=num_classes, ignore_label=ignore_label,
       dataset_name=dataset_name,
@@ -223,7 +298,9 @@ def options_from_flags():
       split_name=FLAGS.split_name, masks_folder=FLAGS.masks_folder,
       semantic_segmentation_folder=FLAGS.semantic_segmentation_folder,
       list_folder=FLAGS.list_folder, image_format=FLAGS.image_format,
-      cityscapes_root=FLAGS.cityscapes_root)
+      cityscapes_root=FLAGS.cityscapes_root,
+      split_folders=tuple((split, FLAGS[images].value, FLAGS[labels].value)
+                          for split, images, labels in _paired_layout()))
   _check_input_folders(job)
   return job
 
@@ -235,6 +312,11 @@ def _check_input_folders(job):
   once. The conversion lists and checks everything else."""
   if job.cityscapes_root:
     folders = (('{build_cityscapes.root}', job.cityscapes_root),)
+  elif job.split_folders:
+    folders = tuple(
+        (field, path) for split, images, labels in job.split_folders
+        for field, path in zip(build_inputs.paired_fields(split),
+                               (images, labels)))
   elif job.masks_folder:
     folders = (('{build_generic.image_folder}', job.image_folder),
                ('{build_generic.masks_folder}', job.masks_folder))
@@ -252,6 +334,10 @@ def convert(job):
   if job.cityscapes_root:
     return build.build_cityscapes(job.cityscapes_root, job.output_dir,
                                   job.options, split_name=job.split_name)
+  if job.split_folders:
+    return build.build_paired_splits(job.split_folders, job.output_dir,
+                                     job.options,
+                                     label_format=job.label_format)
   if job.masks_folder:
     return build.build_generic(job.image_folder, job.masks_folder,
                                job.split_name, job.output_dir, job.options,
@@ -294,7 +380,8 @@ def _build():
   # The splits converted now (every split of a VOC layout without
   # --split_name).
   warnings = report_statistics(
-      info, [job.split_name] if job.split_name else sorted(
+      info, [job.split_name] if job.split_name else
+      [split for split, _, _ in job.split_folders] or sorted(
           info.statistics or {}))
   app.print_final_result('ok', output_dir=job.output_dir,
                          dataset=info.name, num_classes=info.num_classes,

@@ -400,6 +400,17 @@ def build_generic(image_folder, masks_folder, split_name, output_dir,
   return convert({split_name: entries}, output_dir, options)
 
 
+def build_paired_splits(split_folders, output_dir, options,
+                        label_format='png'):
+  """`build_generic` for several splits, each given as (split, image
+  folder, label folder) in `split_folders` (the layout of ADE20K's
+  ADEChallengeData2016); returns the DatasetInfo written."""
+  return convert({split: build_inputs.generic_entries(
+      images, labels, label_format, fields=build_inputs.paired_fields(split))
+                  for split, images, labels in split_folders},
+                 output_dir, options)
+
+
 def build_cityscapes(root, output_dir, options, split_name=None):
   """Converts a Cityscapes root (train and val, or `split_name` only).
 

@@ -190,20 +190,37 @@ def _utf8_file_name(folder, name):
   return name
 
 
-def generic_entries(image_folder, masks_folder, label_format='png'):
+GENERIC_FIELDS = ('{build_generic.image_folder}',
+                  '{build_generic.masks_folder}')
+
+
+def paired_fields(split):
+  """The '{owner.field}' references of `split`'s image and label folders
+  when each split has its own pair (`build.build_paired_splits`)."""
+  return ('{build_paired_splits.%s_image_folder}' % split,
+          '{build_paired_splits.%s_image_label_folder}' % split)
+
+
+def generic_entries(image_folder, masks_folder, label_format='png',
+                    fields=GENERIC_FIELDS):
   """Images paired with `<stem>.<label_format>` masks, sorted by stem.
+
+  Args:
+    fields: the '{owner.field}' references of the option that gave each
+      folder, for messages.
 
   Raises:
     ConfigError: a folder is missing.
     DataError: no images, an ambiguous stem, or images without a mask.
   """
-  require_dir(image_folder, '{build_generic.image_folder}')
-  require_dir(masks_folder, '{build_generic.masks_folder}')
+  image_field, masks_field = fields
+  require_dir(image_folder, image_field)
+  require_dir(masks_folder, masks_field)
   if os.path.realpath(image_folder) == os.path.realpath(masks_folder):
     raise ConfigError(
-        '{build_generic.image_folder} and {build_generic.masks_folder} are '
-        'the same folder, %s: its .png masks would be read as images too; '
-        'move the masks to a folder of their own', image_folder)
+        image_field + ' and ' + masks_field + ' are the same folder, %s: its '
+        '.png masks would be read as images too; move the masks to a folder '
+        'of their own', image_folder)
   images, skipped = {}, []
   for f in sorted(os.listdir(image_folder)):
     stem, ext = os.path.splitext(f)
@@ -221,7 +238,7 @@ def generic_entries(image_folder, masks_folder, label_format='png'):
     images[stem] = os.path.join(image_folder, f)
   if not images:
     raise build_options.DataError(
-        '{build_generic.image_folder}=%s holds no .jpg/.jpeg/.png images',
+        image_field + '=%s holds no .jpg/.jpeg/.png images',
         image_folder)
   masks = _masks_by_stem(masks_folder, label_format)
   entries, unmatched = [], []
