@@ -81,6 +81,21 @@ def _check_files(path, prefix, tf):
   lacking = missing_data(path, tf.io.gfile.glob)
   if not tf.io.gfile.exists(path + '.index'):
     raise CheckpointGoneError(prefix) from None
+  _check_data(prefix, lacking)
+
+
+def check_complete(prefix):
+  """Raises DamagedCheckpointError when the checkpoint `prefix` has its
+  .index without all its data shards: before a restore, which would find
+  it only after the graph is built. (A V1 checkpoint, one file, has
+  neither.)"""
+  import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
+  path = read_path(prefix)
+  if tf.io.gfile.exists(path + '.index'):
+    _check_data(prefix, missing_data(path, tf.io.gfile.glob))
+
+
+def _check_data(prefix, lacking):
   if lacking:
     raise DamagedCheckpointError(
         'checkpoint %s is incomplete: it has its .index but %s (a copy or '
@@ -264,10 +279,22 @@ def restore(saver, session, prefix):
     DamagedCheckpointError: the data cannot be read.
     CheckpointGoneError: its files were deleted meanwhile.
   """
+  _restoring(prefix, lambda path: saver.restore(session, path))
+
+
+def run_restore(session, op, prefix_input, prefix):
+  """session.run(op) with `prefix_input` fed the path of the checkpoint
+  `prefix`'s files, for an op reading them (tf.raw_ops.RestoreV2); errors
+  as `restore`'s."""
+  _restoring(prefix, lambda path: session.run(op, {prefix_input: path}))
+
+
+def _restoring(prefix, read):
+  """read(path of the files of `prefix`), a damaged checkpoint named."""
   import tensorflow.compat.v1 as tf  # pylint: disable=g-import-not-at-top
   path = read_path(prefix)
   try:
-    saver.restore(session, path)
+    read(path)
   except (tf.errors.OpError, ValueError) as e:
     # ValueError: the Saver found no files for `prefix` before reading.
     _check_files(path, prefix, tf)

@@ -166,21 +166,125 @@ def test_damaged_initial_checkpoint_is_named(checkpoint_21, tmp_path):
 
 def test_incomplete_checkpoint_is_named_as_such(checkpoint_21, tmp_path):
   """An index copied without its data: it was 'deleted while it was being
-  read (the training run writing it keeps only its newest checkpoints)'."""
+  read (the training run writing it keeps only its newest checkpoints)'.
+  Found when the restore is planned, before the session: the restore found
+  it after the graph was built, leaving an events file in the logdir."""
   prefix, _ = checkpoint_21
   copy = str(tmp_path / 'model.ckpt-5')
   shutil.copy(prefix + '.index', copy + '.index')
   incomplete = ('checkpoint %s is incomplete: it has its .index but no '
                 r'\.data-\* file' % copy)
-  with pytest.raises(config.ConfigError, match=incomplete):
-    _init_5_classes(copy, initialize_last_layer=False)
   # A data shard of two missing.
   two = str(tmp_path / 'model.ckpt-6')
   shutil.copy(prefix + '.index', two + '.index')
   shutil.copy(prefix + '.data-00000-of-00001', two + '.data-00000-of-00002')
-  with pytest.raises(config.ConfigError,
-                     match=r'but \.data-00001-of-00002 \('):
-    _init_5_classes(two, initialize_last_layer=False)
+  with tf.Graph().as_default():
+    variables = _model_variables(tt.tiny_model_options(num_classes=21,
+                                                       decoder=(4,)))
+    with pytest.raises(config.ConfigError, match=incomplete):
+      checkpoint_init.make_init_plan(copy, variables)
+    with pytest.raises(config.ConfigError,
+                       match=r'but \.data-00001-of-00002 \('):
+      checkpoint_init.make_init_plan(two, variables)
+    # An .index cut short: TensorFlow's bare 'not an sstable (bad magic
+    # number)', with no advice.
+    cut = str(tmp_path / 'model.ckpt-7')
+    shutil.copy(prefix + '.data-00000-of-00001',
+                cut + '.data-00000-of-00001')
+    with open(prefix + '.index', 'rb') as f:
+      index = f.read()
+    with open(cut + '.index', 'wb') as f:
+      f.write(index[:len(index) // 2])
+    with pytest.raises(config.ConfigError) as e:
+      checkpoint_init.make_init_plan(cut, variables)
+    assert e.value.render().startswith(
+        'checkpoint %s cannot be read: its .index file is damaged or cut '
+        'short (' % cut), e.value.render()
+    assert e.value.render().endswith(
+        '); use another checkpoint or copy this one again')
+  with pytest.raises(config.ConfigError, match=incomplete):
+    _init_5_classes(copy, initialize_last_layer=False)
+
+
+def test_momentum_slots_and_other_float_types_restore_as_the_original(
+    tmp_path):
+  """As the original's init (every variable but the step and the excluded
+  last layers): the momentum accumulators a checkpoint holds are restored
+  (they started from zero), and a variable stored as float64 or float16 is
+  cast (a traceback and exit 1 'Restoring from checkpoint failed')."""
+  prefix = str(tmp_path / 'model.ckpt')
+  options = tt.tiny_model_options(num_classes=5, decoder=(4,))
+  with tf.Graph().as_default():
+    model = [(v.op.name, v.shape.as_list(), v.trainable)
+             for v in _model_variables(options)]
+  types = {'MobilenetV2/Conv/weights': tf.float64,
+           'aspp0/weights/Momentum': tf.float16}
+  stored = {}
+  with tf.Graph().as_default():
+    variables = []
+    for name, shape, trainable in model:
+      for slot in ('', '/Momentum') if trainable else ('',):
+        value = _value(name + slot, shape)
+        dtype = types.get(name + slot, tf.float32)
+        stored[name + slot] = value.astype(dtype.as_numpy_dtype)
+        variables.append(tf.get_variable(
+            name + slot, initializer=stored[name + slot], dtype=dtype))
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      tf.train.Saver(variables).save(sess, prefix, write_meta_graph=False)
+
+  train = config.TrainOptions(
+      train_batch_size=2, fine_tune_batch_norm=False,
+      initialize_last_layer=False,
+      last_layers_contain_logits_only=True).validate()
+  images, labels = tt.synthetic_batch(2, 33)
+  g = graph_lib.build_training_graph(
+      options, train, ignore_label=255,
+      input_fn=tt.constant_input_fn(images, labels), init_checkpoint=prefix,
+      device_pattern='/cpu:%d')
+  slots = {v.op.name + '/Momentum': g.optimizer.get_slot(v, 'momentum')
+           for v in g.trainable_variables}
+  with tf.Session(graph=g.graph) as sess:
+    sess.run(tf.variables_initializer(
+        g.graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)))
+    g.scaffold.init_fn(sess)
+    values = sess.run(dict({v.op.name: v for v in g.model_variables},
+                           **slots))
+  logits = [n for n in stored if n.startswith('logits')]
+  assert sorted(logits) == [
+      'logits/semantic/biases', 'logits/semantic/biases/Momentum',
+      'logits/semantic/weights', 'logits/semantic/weights/Momentum']
+  for name, value in values.items():
+    if name in logits:  # excluded, slots and all: zeros and initial values
+      assert not np.array_equal(value, stored[name]), name
+      continue
+    np.testing.assert_allclose(value, stored[name].astype(np.float32),
+                               err_msg=name)
+  assert values['MobilenetV2/Conv/weights'].dtype == np.float32
+  plan = g.init_plan
+  assert plan.optimizer_restored == sorted(
+      n for n in slots if n not in logits)
+  assert plan.cast == [('MobilenetV2/Conv/weights', 'float64', 'float32'),
+                       ('aspp0/weights/Momentum', 'float16', 'float32')]
+  assert plan.unused == 0
+  text = '\n'.join(map(str, plan.summary_lines()))
+  assert ('cast to the model\'s type: MobilenetV2/Conv/weights (float64 to '
+          'float32), aspp0/weights/Momentum (float16 to float32)') in text
+
+  # A type that does not cast to the model's is named.
+  other = str(tmp_path / 'ints.ckpt')
+  with tf.Graph().as_default():
+    ints = [tf.get_variable(name, initializer=np.zeros(shape, np.int32))
+            for name, shape, _ in model]
+    with tf.Session() as sess:
+      sess.run(tf.global_variables_initializer())
+      tf.train.Saver(ints).save(sess, other, write_meta_graph=False)
+  with tf.Graph().as_default():
+    variables = _model_variables(options)
+    with pytest.raises(config.ConfigError, match=(
+        'checkpoint %s does not fit the model: .* is int32 in the checkpoint, '
+        'float32 in the model' % other)):
+      checkpoint_init.make_init_plan(other, variables)
 
 
 def test_an_archive_or_another_file_is_no_checkpoint(tmp_path):

@@ -11,11 +11,17 @@ the session starts and sorts each variable into one of:
   usual "another class count" case: skipped with a hint. Elsewhere the
   checkpoint belongs to another network: an error.
 
+A variable stored as another float type (float64, float16) is restored
+cast to the model's, as the original's restore does. The optimizer's
+variables (momentum slots) that the checkpoint holds are restored too, as
+the original restores every variable but the step and the last layers it
+excludes; those it lacks start from zero.
+
 The plan's `init_fn` is meant for `tf.train.Scaffold(init_fn=...)`, which
 runs it only when no checkpoint of the train logdir was restored.
 """
 import dataclasses
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from absl import logging
 import tensorflow.compat.v1 as tf
@@ -61,13 +67,21 @@ class InitPlan:
   hints: List[errors.Message]
   saver: Optional[tf.train.Saver] = None
   unused: int = 0  # checkpoint variables the model does not have
+  # The optimizer's variables restored (beside `restored`).
+  optimizer_restored: List[str] = dataclasses.field(default_factory=list)
+  # (name, checkpoint dtype, model dtype) of the variables restored cast,
+  # and the op that does it with the placeholder of the files' prefix.
+  cast: List[Tuple[str, str, str]] = dataclasses.field(default_factory=list)
+  cast_restore: Optional[Tuple[Any, Any]] = None
 
   def init_fn(self, unused_scaffold, session):
     """Restores the planned variables (Scaffold's init_fn signature)."""
     if self.saver is not None:
       restore_lib.restore(self.saver, session, self.checkpoint)
-    logging.info('Initialised %d variables from %s', len(self.restored),
-                 self.checkpoint)
+    if self.cast_restore is not None:
+      restore_lib.run_restore(session, *self.cast_restore, self.checkpoint)
+    logging.info('Initialised %d variables from %s', len(self.restored)
+                 + len(self.optimizer_restored), self.checkpoint)
 
   def summary_lines(self):
     """Human-readable lines: counts, examples, hints. The hints are
@@ -79,6 +93,12 @@ class InitPlan:
              'skipped with a shape mismatch (%d checkpoint variables unused)'
              % (self.checkpoint, len(self.restored), len(self.excluded),
                 len(self.missing), len(self.mismatched), self.unused)]
+    if self.optimizer_restored:
+      lines.append('  and %d of the optimizer\'s variables (e.g. %s)' % (
+          len(self.optimizer_restored), _examples(self.optimizer_restored)))
+    if self.cast:
+      lines.append('  cast to the model\'s type: %s' % _examples(
+          ['%s (%s to %s)' % entry for entry in self.cast]))
     if self.excluded:
       lines.append('  excluded: %s' % _examples(self.excluded))
     if self.missing:
@@ -114,9 +134,30 @@ def _mismatch_hint(mismatched, logits_scopes):
       '{TrainOptions.initialize_last_layer}=false to start them afresh')
 
 
+def _restorable_type(ckpt_dtype, var):
+  """Whether a value stored as `ckpt_dtype` restores into `var`: as it is,
+  or cast from one float type to another."""
+  dtype = var.dtype.base_dtype
+  return ckpt_dtype == dtype or (ckpt_dtype.is_floating and dtype.is_floating)
+
+
+def _cast_restore(variables, ckpt_dtypes):
+  """(op, prefix placeholder): restores `variables` ({name: variable}) from
+  the checkpoint the placeholder names, each cast from its stored type."""
+  names = sorted(variables)
+  with tf.device('/cpu:0'):
+    prefix = tf.placeholder(tf.string, [], name='cast_prefix')
+    values = tf.raw_ops.RestoreV2(
+        prefix=prefix, tensor_names=names, shape_and_slices=[''] * len(names),
+        dtypes=[ckpt_dtypes[n] for n in names], name='cast_restore')
+  return tf.group(*[
+      variables[n].assign(tf.cast(value, variables[n].dtype.base_dtype))
+      for n, value in zip(names, values)], name='cast_assign'), prefix
+
+
 def make_init_plan(checkpoint, variables, exclude_scopes=(),
                    last_layer_scopes=(), logits_scopes=('logits',),
-                   allow_partial=False):
+                   allow_partial=False, optimizer_variables=()):
   """Plans the restore of `variables` from `checkpoint`.
 
   Call inside the training graph (it builds a Saver for the restore).
@@ -131,21 +172,31 @@ def make_init_plan(checkpoint, variables, exclude_scopes=(),
     logits_scopes: scopes of the logits (for the class-count hint).
     allow_partial: accept a checkpoint lacking most of the variables not
       excluded (refused otherwise: usually another network's).
+    optimizer_variables: the optimizer's variables (momentum slots), each
+      restored where the checkpoint holds it with its shape, outside
+      `exclude_scopes`.
 
   Returns:
     An InitPlan.
 
   Raises:
-    ConfigError: the checkpoint cannot be read, a variable outside the last
-      layers has another shape, no variable at all can be restored, or
-      (without allow_partial) most of them are missing.
+    ConfigError: the checkpoint cannot be read (DamagedCheckpointError: its
+      files are damaged or incomplete), a variable outside the last layers
+      has another shape, or a type that does not cast to the model's, no
+      variable at all can be restored, or (without allow_partial) most of
+      them are missing.
   """
   try:
-    ckpt_shapes = {name: tuple(shape)
-                   for name, shape in tf.train.list_variables(checkpoint)}
+    reader = restore_lib.checkpoint_reader(checkpoint)
+  except ConfigError:
+    raise  # a damaged or deleted checkpoint, named
   except (tf.errors.OpError, ValueError) as e:
     raise ConfigError('cannot read checkpoint %s: %s'
                       % (checkpoint, str(e).splitlines()[0])) from None
+  restore_lib.check_complete(checkpoint)
+  ckpt_shapes = {name: tuple(shape) for name, shape in
+                 reader.get_variable_to_shape_map().items()}
+  ckpt_dtypes = reader.get_variable_to_dtype_map()
   restored, excluded, missing, mismatched, fatal = {}, [], [], [], []
   for var in variables:
     name = scopes.variable_name(var)
@@ -158,6 +209,12 @@ def make_init_plan(checkpoint, variables, exclude_scopes=(),
       entry = (name, ckpt_shapes[name], shape)
       (mismatched if scopes.in_scopes(name, last_layer_scopes)
        else fatal).append(entry)
+    elif not _restorable_type(ckpt_dtypes[name], var):
+      raise ConfigError(
+          'checkpoint %s does not fit the model: %s is %s in the checkpoint, '
+          '%s in the model; check {TrainOptions.tf_initial_checkpoint}',
+          checkpoint, name, ckpt_dtypes[name].name,
+          var.dtype.base_dtype.name)
     else:
       restored[name] = var
   if fatal:
@@ -189,10 +246,23 @@ def make_init_plan(checkpoint, variables, exclude_scopes=(),
            _examples(sorted(n for n in ckpt_shapes
                             if n != 'global_step')[:2])))
   hints = [_mismatch_hint(mismatched, logits_scopes)] if mismatched else []
+  optimizer = {}
+  for var in optimizer_variables:
+    name = scopes.variable_name(var)
+    if (name in ckpt_shapes and not scopes.in_scopes(name, exclude_scopes)
+        and ckpt_shapes[name] == tuple(var.shape.as_list())
+        and _restorable_type(ckpt_dtypes[name], var)):
+      optimizer[name] = var
+  every = dict(restored, **optimizer)
+  cast = {n: v for n, v in every.items()
+          if ckpt_dtypes[n] != v.dtype.base_dtype}
+  same = {n: v for n, v in every.items() if n not in cast}
   with tf.name_scope('initialization'):
-    saver = tf.train.Saver(var_list=restored, name='init_saver',
-                           allow_empty=False)
-  model_names = {scopes.variable_name(v) for v in variables}
+    saver = (tf.train.Saver(var_list=same, name='init_saver') if same
+             else None)
+    cast_restore = _cast_restore(cast, ckpt_dtypes) if cast else None
+  model_names = {scopes.variable_name(v)
+                 for v in list(variables) + list(optimizer_variables)}
   unused = [n for n in sorted(ckpt_shapes)
             if n not in model_names and n != 'global_step']
   ranges = [n for n in unused
@@ -204,6 +274,8 @@ def make_init_plan(checkpoint, variables, exclude_scopes=(),
         'from its weights and leaves the ranges out; deeplab-export '
         '--tflite_quantize=int8 quantises an exported model',
         len(ranges), _examples(ranges[:2])))
-  return InitPlan(checkpoint, sorted(restored), sorted(excluded),
-                  sorted(missing), sorted(mismatched), hints, saver,
-                  len(unused))
+  return InitPlan(
+      checkpoint, sorted(restored), sorted(excluded), sorted(missing),
+      sorted(mismatched), hints, saver, len(unused), sorted(optimizer),
+      [(n, ckpt_dtypes[n].name, v.dtype.base_dtype.name)
+       for n, v in sorted(cast.items())], cast_restore)

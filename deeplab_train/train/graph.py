@@ -251,8 +251,12 @@ def build_training_graph(model_options, train_options, *, ignore_label,
     # batch-norm moving statistics.
     saver = tf.train.Saver(max_to_keep=keep_checkpoint_max,
                            save_relative_paths=True)
+    # The optimizer's variables: those the update added (momentum slots).
+    made = before | set(model_variables)
     init_plan = _init_plan(init_checkpoint, model_variables, train_options,
-                           last_layer_scopes)
+                           last_layer_scopes, [
+                               v for v in tf.global_variables()
+                               if v not in made])
     scaffold = tf.train.Scaffold(
         init_fn=init_plan.init_fn if init_plan else None,
         saver=saver, summary_op=summary_op)
@@ -471,7 +475,7 @@ def _summary_op(losses_, learning_rate, tower0, model_variables,
 
 
 def _init_plan(init_checkpoint, model_variables, train_options,
-               last_layer_scopes):
+               last_layer_scopes, optimizer_variables):
   """The restore from --tf_initial_checkpoint (None without one), logged."""
   if not init_checkpoint:
     return None
@@ -479,7 +483,8 @@ def _init_plan(init_checkpoint, model_variables, train_options,
   plan = checkpoint_init.make_init_plan(
       init_checkpoint, model_variables, exclude_scopes=exclude,
       last_layer_scopes=last_layer_scopes,
-      allow_partial=train_options.allow_partial_initial_checkpoint)
+      allow_partial=train_options.allow_partial_initial_checkpoint,
+      optimizer_variables=optimizer_variables)
   for line in plan.summary_lines():
     (logging.warning if plan.mismatched else logging.info)(line)
   return plan
