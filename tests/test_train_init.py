@@ -420,3 +420,16 @@ def test_resolve_checkpoint_prefix_directory_and_missing(tmp_path,
   with pytest.raises(config.ConfigError,
                      match='holds no checkpoint to read'):
     checkpoint_init.resolve_checkpoint(str(tmp_path))
+  # A state file naming a checkpoint that is gone: it said there was no
+  # state file naming one.
+  stale = tmp_path / 'stale'
+  stale.mkdir()
+  (stale / 'checkpoint').write_text(
+      'model_checkpoint_path: "model.ckpt-99"\n'
+      'all_model_checkpoint_paths: "model.ckpt-99"\n')
+  with pytest.raises(config.ConfigError) as e:
+    checkpoint_init.resolve_checkpoint(str(stale))
+  assert ('tf_initial_checkpoint=%s holds no checkpoint to read (its '
+          '"checkpoint" state file names %s, whose files are gone, no '
+          'complete model.ckpt-N, and no .index files)' % (
+              stale, stale / 'model.ckpt-99')) in e.value.render()

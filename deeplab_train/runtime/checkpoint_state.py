@@ -139,9 +139,10 @@ def resolve(path, option, advice, error=config.ConfigError):
     prefix = to_read(path)
     if prefix is None:
       indexes = glob.glob(os.path.join(glob.escape(path), '*.index'))
-      raise error(option + '=%s holds no checkpoint to read (no "checkpoint" '
-                  'state file naming one, no complete model.ckpt-N, and %s '
-                  '.index files): ' + advice, path, len(indexes) or 'no')
+      raise error(option + '=%s holds no checkpoint to read (its '
+                  '"checkpoint" state file %s, no complete model.ckpt-N, and '
+                  '%s .index files): ' + advice, path,
+                  _state_file_problem(path, None), len(indexes) or 'no')
     return prefix
   # A checkpoint pinned (restore.hold) earlier is read from its pin.
   if tf.io.gfile.exists(restore.read_path(path) + '.index'):
