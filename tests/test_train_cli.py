@@ -417,6 +417,15 @@ def test_fp16_on_cpu_towers_warns():
     ({}, {'learning_rate_decay_factor': -1.0},
      'learning_rate_decay_factor must be >= 0, got -1'),
     ({}, {'learning_power': -1.0}, 'learning_power must be >= 0, got -1'),
+    # A NaN learning rate from the first step, stopped as a non-finite loss.
+    ({}, {'decay_steps': float('inf')},
+     'decay_steps must be a finite number, got inf'),
+    ({}, {'base_learning_rate': float('nan')},
+     'base_learning_rate must be a finite number, got nan'),
+    ({}, {'label_weights': (1.0, float('inf'))},
+     'label_weights must be a finite number, got inf'),
+    ({'depth_multiplier': float('inf')}, {},
+     'depth_multiplier must be a finite number, got inf'),
 ])
 def test_values_that_trained_wrong_or_failed_late_are_refused(model, train,
                                                               message):
@@ -424,6 +433,23 @@ def test_values_that_trained_wrong_or_failed_late_are_refused(model, train,
     tt.tiny_model_options().replace(**model).validate()
     config.TrainOptions(**train).validate()
   assert str(error.value).startswith(message)
+
+
+@pytest.mark.parametrize('options,message', [
+    (lambda inf: config.PreprocessOptions(crop_size=(33, 33),
+                                          max_scale_factor=inf),
+     'max_scale_factor must be a finite number, got inf'),
+    (lambda inf: config.PreprocessOptions(crop_size=(33, 33),
+                                          min_scale_factor=-inf),
+     'min_scale_factor must be a finite number, got -inf'),
+    (lambda inf: config.InferenceOptions(scales=(1.0, inf)),
+     'scales must be a finite number, got inf'),
+])
+def test_infinite_and_nan_numbers_are_refused_by_every_options_class(
+    options, message):
+  with pytest.raises(config.ConfigError) as error:
+    options(float('inf')).validate()
+  assert str(error.value) == message
 
 
 def test_a_crop_off_the_stride_trains_as_in_the_original_with_a_warning(

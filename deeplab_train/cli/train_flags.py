@@ -54,8 +54,9 @@ _OPTIMISATION_TABLE = (
     ('float', 'learning_power', 0.9,
      'The power value used in the poly learning policy.'),
     ('float', 'decay_steps', 0.0,
-     'Decay steps of the poly learning rate (0: the steps after the slow '
-     'start).'),
+     'Decay steps of the poly learning rate, and of the cosine one (which '
+     'the original\'s train.py does not offer) (0: the steps after the '
+     'slow start).'),
     ('float', 'end_learning_rate', 0.0,
      'The poly learning rate\'s value at the end of its decay.'),
     ('enum', 'optimizer', 'momentum',

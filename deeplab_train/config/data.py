@@ -3,6 +3,7 @@ import dataclasses
 from typing import Optional, Tuple
 
 from deeplab_train.config.errors import check
+from deeplab_train.config.errors import check_finite
 from deeplab_train.config.errors import field_ref
 from deeplab_train.config.errors import is_crop
 from deeplab_train.config.serialize import JsonMixin
@@ -42,6 +43,7 @@ class PreprocessOptions(JsonMixin):
 
   def validate(self):
     """Raises ConfigError naming the offending field; returns self."""
+    check_finite(self)
     check(is_crop(self.crop_size), 'crop size must be HEIGHT,WIDTH with '
           'positive values, got %s' % (self.crop_size,))
     check_resize(self)

@@ -7,6 +7,8 @@ by its field name ('num_clones must be >= 1'); each command shows it by the
 flag that sets it (cli/app.py), so the library never speaks in flags while
 the command line keeps the original DeepLab's flag names.
 """
+import dataclasses
+import math
 import re
 
 # {owner.field}: an identifier, a dot, an identifier, in braces.
@@ -102,6 +104,20 @@ def check(ok, message):
   option class."""
   if not ok:
     raise ConfigError(message)
+
+
+def check_finite(options):
+  """Raises ConfigError naming the first float field of the option
+  dataclass `options` (or float in a tuple field) that is infinite or NaN:
+  such a value passed the range checks, then trained or predicted nothing
+  (an infinite --decay_steps made the learning rate NaN from the first
+  step), and NaN failed them with an odd message."""
+  for field in dataclasses.fields(options):
+    value = getattr(options, field.name)
+    for number in value if isinstance(value, tuple) else (value,):
+      check(not isinstance(number, float) or math.isfinite(number),
+            '%s must be a finite number, got %s'
+            % (field_ref(options, field.name), number))
 
 
 def check_one_of(field, value, allowed):

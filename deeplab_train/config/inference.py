@@ -4,6 +4,7 @@ import dataclasses
 from typing import ClassVar, Optional, Tuple
 
 from deeplab_train.config.errors import check
+from deeplab_train.config.errors import check_finite
 from deeplab_train.config.errors import check_one_of
 from deeplab_train.config.errors import ConfigError
 from deeplab_train.config.errors import is_crop
@@ -60,6 +61,7 @@ class InferenceOptions(JsonMixin):
 
   def validate(self):
     """Raises ConfigError naming the offending field; returns self."""
+    check_finite(self)
     check(is_crop(self.crop_size), '{InferenceOptions.crop_size} must be '
           'HEIGHT,WIDTH with positive values, got %s'
           % _show(self.crop_size or ()))
@@ -121,6 +123,7 @@ class EvalOptions(JsonMixin):
 
   def validate(self):
     """Raises ConfigError naming the offending field; returns self."""
+    check_finite(self)
     check(self.batch_size >= 1, '{EvalOptions.batch_size} must be >= 1, got '
           '%d' % self.batch_size)
     check(self.eval_interval_secs >= 0,
@@ -157,6 +160,7 @@ class VisOptions(JsonMixin):
 
   def validate(self):
     """Raises ConfigError naming the offending field; returns self."""
+    check_finite(self)
     check(0.0 <= self.overlay_alpha <= 1.0, '{VisOptions.overlay_alpha} must '
           'be in [0, 1], got %g' % self.overlay_alpha)
     check_one_of('{VisOptions.legend}', self.legend, self.LEGEND_MODES)
@@ -182,6 +186,7 @@ class ExportOptions(JsonMixin):
 
   def validate(self):
     """Raises ConfigError naming the offending field; returns self."""
+    check_finite(self)
     check(self.inference.crop_size is not None,
           '{InferenceOptions.crop_size} is required for export')
     self.inference.validate()

@@ -5,6 +5,7 @@ import dataclasses
 from typing import Optional, Tuple
 
 from deeplab_train.config.errors import check
+from deeplab_train.config.errors import check_finite
 from deeplab_train.config.errors import ConfigError
 from deeplab_train.config.serialize import JsonMixin
 from deeplab_train.config.serialize import set_field
@@ -114,6 +115,7 @@ class ModelOptions(JsonMixin):
 
   def validate(self):
     """Raises ConfigError naming the offending field; returns self."""
+    check_finite(self)
     check(self.num_classes >= 1,
           'num_classes must be >= 1, got %d' % self.num_classes)
     stride = self.output_stride

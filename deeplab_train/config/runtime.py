@@ -4,6 +4,7 @@ import re
 from typing import Optional, Tuple
 
 from deeplab_train.config.errors import check
+from deeplab_train.config.errors import check_finite
 from deeplab_train.config.errors import ConfigError
 from deeplab_train.config.errors import field_ref
 from deeplab_train.config.serialize import JsonMixin
@@ -71,6 +72,7 @@ class RunOptions(JsonMixin):
 
   def validate(self):
     """Raises ConfigError naming the offending field; returns self."""
+    check_finite(self)
     check(self.train_logdir, '{RunOptions.train_logdir} is required: the '
           'folder for checkpoints and summaries')
     check(self.log_steps >= 1, '{RunOptions.log_steps} must be >= 1')
@@ -147,6 +149,7 @@ class ClusterOptions(JsonMixin):
 
   def validate(self):
     """Raises ConfigError naming the offending field; returns self."""
+    check_finite(self)
     for name, minimum in (('task', 0), ('num_replicas', 1),
                           ('num_ps_tasks', 0), ('startup_delay_steps', 0)):
       value = getattr(self, name)

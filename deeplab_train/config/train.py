@@ -5,6 +5,7 @@ from typing import Optional, Tuple
 
 from deeplab_train.config.errors import ConfigError
 from deeplab_train.config.errors import check
+from deeplab_train.config.errors import check_finite
 from deeplab_train.config.errors import check_one_of
 from deeplab_train.config.errors import field_ref
 from deeplab_train.config.serialize import JsonMixin
@@ -86,6 +87,7 @@ class TrainOptions(JsonMixin):
 
   def validate(self):
     """Raises ConfigError naming the offending field; returns self."""
+    check_finite(self)
     self._validate_towers()
     self._validate_loss()
     self._validate_schedule()
