@@ -454,12 +454,23 @@ def test_output_stride_and_atrous_rates_may_change_for_inference(
   assert ('model flags contradict the options saved with the checkpoint '
           '(deeplab_config.json): --depth_multiplier=0.5 (trained with '
           '0.25)') in err
-  code, _, err = export('resize.pb', '--max_resize_value=65')
-  assert code == 2
-  assert err.splitlines()[-1] == (
-      'deeplab-export: error: resize flags contradict the options saved with '
-      'the checkpoint (deeplab_config.json): --max_resize_value=65 (trained '
-      'with it unset). Drop these flags; the saved values are used.')
+  # So do the resize flags, which the graph's message for an image larger
+  # than its crop suggests: they were refused as contradicting the saved
+  # options.
+  with caplog.at_level('WARNING'):
+    code, resized, _ = export('resize.pb', '--max_resize_value=65',
+                              '--crop_size=65,65')
+  assert code == 0
+  assert ('predicting with --max_resize_value=65 (trained with it unset)'
+          in caplog.text)
+  graph_def = tf.GraphDef()
+  graph_def.ParseFromString(resized.read_bytes())
+  with tf.Graph().as_default() as graph:
+    tf.import_graph_def(graph_def, name='')
+    with tf.Session(graph=graph) as sess:
+      labels = sess.run('SemanticPredictions:0', {'ImageTensor:0': np.zeros(
+          [1, 100, 130, 3], np.uint8)})
+  assert labels.shape == (1, 100, 130)
   code, _, err = export('two.pb', '--atrous_rates=12', '--atrous_rates=24')
   assert code == 2
   assert err.splitlines()[-1] == (

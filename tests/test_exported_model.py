@@ -328,8 +328,15 @@ def test_a_tflite_model_resizes_its_input_as_recorded_at_export(tiny,
   with pytest.raises(loaded.ExportedModelError,
                      match='was exported with the resize min_resize_value='
                      'None, max_resize_value=41, resize_factor=8, and the '
-                     'resize given contradicts it'):
-    loaded.open_exported(path, resize_options=other)
+                     'resize given contradicts it \\(min_resize_value=30, '
+                     'max_resize_value=41\\)'):
+    loaded.open_exported(path, resize_options=other,
+                         resize_given=('min_resize_value', 'max_resize_value'))
+  # The training run's resize (its deeplab_config.json beside the model),
+  # which the export overrode, gives way: such a model could not be
+  # scored or drawn.
+  with loaded.open_exported(path, resize_options=other) as exported:
+    np.testing.assert_array_equal(exported.predict(big), got)
 
 
 def test_default_output_folders_of_two_exports_of_one_name_differ():

@@ -391,11 +391,19 @@ def refuse_quantisation(what):
         FLAGS.quantize_delay_step, what)
 
 
-def resize_values(saved=None):
+def resize_flags_given():
+  """The resize flags given on the command line (names)."""
+  return tuple(name for name in _RESIZE_FLAGS if explicitly_set(name))
+
+
+def resize_values(saved=None, inference=False):
   """{'min_resize_value': .., 'max_resize_value': .., 'resize_factor': ..}.
 
   Saved preprocess options win over defaults; an explicit contradicting
-  flag is an error, as for the model flags.
+  flag is an error, as for the model flags, but for a command that
+  predicts (`inference`): it changes no variable, so it is taken with a
+  warning, as the original's eval, vis and export take it (the frozen
+  graph's message for an image larger than its crop suggests it).
   """
   if not FLAGS.keep_aspect_ratio:
     logging.warning('--keep_aspect_ratio=false has no effect: resizing keeps '
@@ -404,18 +412,23 @@ def resize_values(saved=None):
   values = {name: FLAGS[name].value for name in _RESIZE_FLAGS}
   if saved is None:
     return values
-  conflicts = []
+  conflicts, changes = [], {}
   for name in _RESIZE_FLAGS:
     trained = getattr(saved, name)
     if explicitly_set(name) and values[name] != trained:
-      conflicts.append('--%s=%s (trained with %s)' % (
-          name, values[name], 'it unset' if trained is None else trained))
+      conflict = '--%s=%s (trained with %s)' % (
+          name, values[name], 'it unset' if trained is None else trained)
+      if inference:
+        changes[name] = values[name]
+        logging.warning('predicting with %s', conflict)
+      else:
+        conflicts.append(conflict)
   if conflicts:
     raise config.ConfigError(
         'resize flags contradict the options saved with the checkpoint '
         '(%s): %s. Drop these flags; the saved values are used.'
         % (config.RUN_CONFIG_FILENAME, '; '.join(conflicts)))
-  return {n: getattr(saved, n) for n in _RESIZE_FLAGS}
+  return dict({n: getattr(saved, n) for n in _RESIZE_FLAGS}, **changes)
 
 
 def _changed_branch_count(name, value, saved):

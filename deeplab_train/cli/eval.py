@@ -44,7 +44,7 @@ SIGINT, 1 unexpected error.
 import dataclasses
 import os
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 from absl import flags
 from absl import logging
@@ -116,6 +116,7 @@ class EvalJob:
   # The resize a TFLite model's input gets (the other formats resize
   # inside); preprocess_options then leave the images at their size.
   exported_resize: Optional[config.PreprocessOptions] = None
+  exported_resize_given: Tuple[str, ...] = ()
 
 
 def _follow_mode():
@@ -201,7 +202,8 @@ def _exported_options():
       preprocess_options=config.PreprocessOptions(crop_size=None).validate(),
       inference=config.InferenceOptions(), eval_options=eval_options,
       exported_model=path,
-      exported_resize=inference_flags.preprocess_options(saved_pre))
+      exported_resize=inference_flags.preprocess_options(saved_pre),
+      exported_resize_given=common_flags.resize_flags_given())
 
 
 def _check_outputs(eval_logdir):
@@ -325,8 +327,9 @@ def _run_eval_locked(job):
         job.preprocess_options, mean_pixel)
 
   if job.exported_model:
-    with loaded.open_exported(job.exported_model, mean_pixel,
-                              job.exported_resize) as model:
+    with loaded.open_exported(
+        job.exported_model, mean_pixel, job.exported_resize,
+        resize_given=job.exported_resize_given) as model:
       model.check_num_classes(job.dataset_info.num_classes,
                               common_flags.classes_source(job.dataset_dir))
       return eval_loop.evaluate_exported(

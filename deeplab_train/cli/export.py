@@ -204,7 +204,7 @@ def options_from_flags():
       defaults=EXPORT_MODEL_DEFAULTS if saved_model is None else None,
       inference=True)
   # Read once: the calibration's resizing is the exported graph's.
-  resize = common_flags.resize_values(saved_pre)
+  resize = common_flags.resize_values(saved_pre, inference=True)
   export_options = config.ExportOptions(
       inference=inference_flags.inference_options('crop_size',
                                                   'inference_scales'),

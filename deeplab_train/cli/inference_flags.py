@@ -118,7 +118,7 @@ def preprocess_options(saved_preprocess, resize=None):
   `resize`: those values if the caller read them already
   (common_flags.resize_values of the same `saved_preprocess`)."""
   if resize is None:
-    resize = common_flags.resize_values(saved_preprocess)
+    resize = common_flags.resize_values(saved_preprocess, inference=True)
   return config.PreprocessOptions(crop_size=None, **resize).validate()
 
 

@@ -31,7 +31,7 @@ SIGTERM / SIGINT (the images drawn so far kept), 1 unexpected error.
 import dataclasses
 import logging
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 from absl import flags
 
@@ -114,6 +114,7 @@ class VisJob:
   # The resize a TFLite model's input gets (the other formats resize
   # inside); preprocess_options then leave the images at their size.
   exported_resize: Optional[config.PreprocessOptions] = None
+  exported_resize_given: Tuple[str, ...] = ()
 
 
 def _dataset_info(saved_dataset, config_folder):
@@ -184,7 +185,8 @@ def options_from_flags():
     # The images go in at their size: the model resizes them (a TFLite
     # model's input gets exported_resize).
     exported = {'exported_model': exported_model,
-                'exported_resize': preprocess_options}
+                'exported_resize': preprocess_options,
+                'exported_resize_given': common_flags.resize_flags_given()}
     preprocess_options = config.PreprocessOptions(crop_size=None).validate()
   info = _dataset_info(saved_dataset, folder)
   job = VisJob(
@@ -264,7 +266,7 @@ def run_vis(job):
     model = loaded.open_exported(
         job.exported_model,
         registry.mean_pixel(job.model_options.model_variant),
-        job.exported_resize)
+        job.exported_resize, resize_given=job.exported_resize_given)
   else:
     model = predictor_lib.Predictor(job.model_options, job.inference)
   with model:

@@ -114,7 +114,7 @@ def output_folder_beside(path, prefix):
 
 
 def open_exported(path, mean_pixel=None, resize_options=None,
-                  num_threads=None):
+                  num_threads=None, resize_given=()):
   """Opens an exported model for `predict`.
 
   Args:
@@ -125,6 +125,10 @@ def open_exported(path, mean_pixel=None, resize_options=None,
       resize_factor a TFLite model's input is resized with (the other
       formats resize inside); None: no resize.
     num_threads: TFLite interpreter threads (None: its default).
+    resize_given: the fields of `resize_options` the user gave (flags):
+      only those may not contradict the resize a TFLite file records; the
+      others (the training run's, which deeplab-export may have overridden)
+      give way to it.
 
   Returns:
     An ExportedModel.
@@ -138,7 +142,8 @@ def open_exported(path, mean_pixel=None, resize_options=None,
     return _FrozenGraphModel(path)
   if kind == SAVED_MODEL:
     return _SavedModelModel(path)
-  return _TfliteModel(path, mean_pixel, resize_options, num_threads)
+  return _TfliteModel(path, mean_pixel, resize_options, num_threads,
+                      resize_given)
 
 
 def as_uint8(image):
@@ -409,7 +414,8 @@ class _TfliteModel(ExportedModel):
   """A .tflite model of a fixed input size (export/tflite.py)."""
   kind = TFLITE
 
-  def __init__(self, path, mean_pixel, resize_options, num_threads):
+  def __init__(self, path, mean_pixel, resize_options, num_threads,
+               resize_given=()):
     super().__init__(path)
     try:
       self._runner = tflite.TfliteRunner(path, num_threads=num_threads)
@@ -426,29 +432,30 @@ class _TfliteModel(ExportedModel):
           'the TFLite model {open_exported.path}=%s does not record its mean '
           'pixel: give the model variant it was trained with', path)
     self._padding = np.asarray(tflite.padding_value(mean_pixel), np.uint8)
-    resize_options = self._resize(path, resize_options)
+    resize_options = self._resize(path, resize_options, resize_given)
     self._resizer = None
     if resize_options is not None and (resize_options.min_resize_value or
                                        resize_options.max_resize_value):
       self._resizer = _Resizer(resize_options)
 
-  def _resize(self, path, given):
+  def _resize(self, path, given, given_fields):
     """The resize of the model's input: the one the file records (the
     export's), else `given` (PreprocessOptions or None: also for a file
-    exported without one, whose input a caller may shrink to fit). One
-    given that differs from a recorded resize is refused: without the
-    record, such an evaluation skipped the export's resize and scored
-    another model (exit 0)."""
+    exported without one, whose input a caller may shrink to fit). A value
+    of `given_fields` that differs from a recorded resize is refused:
+    without the record, such an evaluation skipped the export's resize and
+    scored another model (exit 0)."""
     recorded = self._runner.resize
     if not recorded or not any(recorded.values()):
       return given
     given_values = {name: getattr(given, name, None)
-                    for name in config.RESIZE_FIELDS}
+                    for name in config.RESIZE_FIELDS if name in given_fields}
     # Only the values given count (a resize factor left out agrees).
     if any(value is not None and value != recorded.get(name)
            for name, value in given_values.items()):
-      show = lambda values: ', '.join('%s=%s' % (name, values.get(name))
-                                      for name in config.RESIZE_FIELDS)
+      show = lambda values: ', '.join('%s=%s' % (name, values[name])
+                                      for name in config.RESIZE_FIELDS
+                                      if name in values)
       raise ExportedModelError(
           'the TFLite model {open_exported.path}=%s was exported with the '
           'resize %s, and the resize given contradicts it (%s): drop those '
