@@ -226,6 +226,63 @@ def test_image_larger_than_the_export_crop_is_named(tiny):
                             'larger crop_size or with max_resize_value')
 
 
+def test_an_original_graph_too_small_for_an_image_is_named(tmp_path):
+  """The original's frozen graph does not check the image against its crop:
+  it pads a larger image to the image's size, cuts the labels to the crop
+  and stretches them back (exit 0, wrong labels), or fails in its decoder
+  (deeplab-vis stopped: 'failed on image b_big.jpg: Node: 'concat''). Such
+  an image is now refused as too large before the graph runs, as our
+  graphs refuse it, so deeplab-vis skips it; unless the graph resizes the
+  images first."""
+  def original_graph(path, resizes):
+    with tf.Graph().as_default() as graph:
+      image = tf.placeholder(tf.uint8, [1, None, None, 3],
+                             name=freeze.INPUT_NAME)
+      size = tf.shape(image)[1:3]
+      if resizes:
+        with tf.name_scope('resize_to_range'):
+          tf.identity(size)
+      padded = tf.pad(tf.cast(image, tf.float32), [
+          [0, 0], [0, tf.maximum(9 - size[0], 0)],
+          [0, tf.maximum(9 - size[1], 0)], [0, 0]])
+      labels = tf.cast(tf.reduce_sum(padded, -1) > 0, tf.int32)
+      raw = tf.slice(labels, [0, 0, 0], [1, 9, 9],
+                     name=freeze.RAW_OUTPUT_NAME)
+      cut = raw[:, :size[0], :size[1], None]
+      tf.identity(tf.image.resize(cut, size, 'nearest')[..., 0],
+                  name=freeze.OUTPUT_NAME)
+      path.write_bytes(graph.as_graph_def().SerializeToString())
+    return str(path)
+
+  pb = original_graph(tmp_path / 'original.pb', resizes=False)
+  with loaded.open_exported(pb) as model:
+    labels = model.predict([np.ones((5, 7, 3), np.uint8)])
+    assert labels[0].shape == (5, 7) and labels[0].all()
+    with pytest.raises(config.ImageTooLargeError) as caught:
+      model.predict([np.ones((12, 7, 3), np.uint8)], names=['b_big'])
+  assert caught.value.render() == (
+      'image b_big is 12x7 (height x width), too large for the exported '
+      'model %s: larger than the export crop size 9,9 (its '
+      'RawSemanticPredictions:0), which that graph does not check: it would '
+      'cut the labels to the crop; re-export with a larger crop_size or with '
+      'max_resize_value' % pb)
+  # A graph that resizes the images first takes them as they are.
+  pb = original_graph(tmp_path / 'resizing.pb', resizes=True)
+  with loaded.open_exported(pb) as model:
+    assert model.predict([np.ones((12, 7, 3), np.uint8)])[0].shape == (12, 7)
+
+
+def test_a_failure_is_named_by_its_reason_not_its_node():
+  message = ('Graph execution error:\n\nDetected at node \'concat\' defined '
+             'at (most recent call last):\n  File "export_model.py", line 9, '
+             'in <module>\nNode: \'concat\'\nConcatOp : Dimension 1 in both shapes must be '
+             'equal: shape[0] = [1,9,9] vs. shape[1] = [1,15,9]\n\t '
+             '[[{{node concat}}]]')
+  assert loaded._first_meaningful_line(message) == (
+      'ConcatOp : Dimension 1 in both shapes must be equal: shape[0] = '
+      '[1,9,9] vs. shape[1] = [1,15,9]')
+
+
 def test_flags_an_exported_model_cannot_honour(tiny, tmp_path, capsys):
   data = '--dataset_dir=' + tiny['data']
   assert et.run_cli(eval_cli, ['--exported_model=' + tiny['pb'], data,

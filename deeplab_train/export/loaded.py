@@ -257,21 +257,37 @@ class _GraphModel(ExportedModel):
         probabilities_tensor.shape[-1] is not None):
       self.num_classes = int(probabilities_tensor.shape[-1])
 
+  # The export crop size (h, w) of a graph that neither checks an image
+  # against it nor resizes the image first (the original's export: it pads
+  # a larger image to its own size, then cuts the labels to the crop and
+  # stretches them back, or fails in its decoder), else None.
+  _unchecked_crop = None
+
   def _predict_batch(self, images, names):
+    crop = self._unchecked_crop
+    if crop and (images.shape[1] > crop[0] or images.shape[2] > crop[1]):
+      self._too_large(images, names, (
+          'larger than the export crop size %d,%d (its %s:0), which that '
+          'graph does not check: it would cut the labels to the crop; '
+          're-export with a larger crop_size or with max_resize_value'
+          % (crop[0], crop[1], freeze.RAW_OUTPUT_NAME)))
     try:
       return self._session.run(self._labels, {self._input: images})
     except tf.errors.InvalidArgumentError as e:
       message = _first_meaningful_line(e.message)
       if 'larger than the export crop size' in e.message:
-        # The path without its option: deeplab-vis logs this as it skips
-        # the image, in no command's terms ('path=').
-        raise config.ImageTooLargeError(
-            'image %s is %dx%d (height x width), too large for the exported '
-            'model %s: %s', ', '.join(names),
-            images.shape[1], images.shape[2], self.path, message) from None
+        self._too_large(images, names, message)
       raise ExportedModelError(
           'the exported model {open_exported.path}=%s failed on image %s: %s',
           self.path, ', '.join(names), message) from None
+
+  def _too_large(self, images, names, why):
+    # The path without its option: deeplab-vis logs this as it skips the
+    # image, in no command's terms ('path=').
+    raise config.ImageTooLargeError(
+        'image %s is %dx%d (height x width), too large for the exported '
+        'model %s: %s', ', '.join(names), images.shape[1], images.shape[2],
+        self.path, why) from None
 
   def close(self):
     self._session.close()
@@ -288,8 +304,13 @@ def _first_meaningful_line(message):
         line = line[line.index('input image'):]
       # Its own message, without TensorFlow's '] [Condition x <= y ...'.
       return line.split(']', 1)[0]
-  generic = ('Graph execution error:', 'Detected at node')
-  meaningful = [line for line in lines if not line.startswith(generic)]
+  # The node's name ("Node: 'concat'", '[[{{node concat}}]]') is no reason:
+  # the reason follows it (after the stack where the graph was defined).
+  generic = ('Graph execution error:', 'Detected at node', 'Node:', '[[')
+  after_node = [i + 1 for i, line in enumerate(lines)
+                if line.startswith('Node:')]
+  meaningful = [line for line in lines[after_node[0] if after_node else 0:]
+                if not line.startswith(generic)]
   return (meaningful or lines or ['unknown error'])[0]
 
 
@@ -320,6 +341,24 @@ class _FrozenGraphModel(_GraphModel):
     self._set_io(get(freeze.INPUT_NAME + ':0'), get(freeze.OUTPUT_NAME + ':0'),
                  get(freeze.PROB_NAME + ':0') if freeze.PROB_NAME in names
                  else None)
+    raw = (get(freeze.RAW_OUTPUT_NAME + ':0').shape
+           if freeze.RAW_OUTPUT_NAME in names else None)
+    if (raw is not None and raw.rank == 3 and None not in raw[1:]
+        and not _checks_its_crop(graph_def)
+        and not any(n.name.startswith('resize_to_range/')
+                    for n in graph_def.node)):
+      self._unchecked_crop = (int(raw[1]), int(raw[2]))
+
+
+def _checks_its_crop(graph_def):
+  """Whether a frozen graph refuses an image larger than its crop with
+  deeplab-export's message (`freeze.pad_to_crop`). The original's export
+  does not; where it resizes the images (min/max_resize_value), its graph
+  has a 'resize_to_range' scope."""
+  strings = tf.string.as_datatype_enum
+  return any(n.op == 'Const' and n.attr['dtype'].type == strings and any(
+      b'larger than the export crop size' in v
+      for v in n.attr['value'].tensor.string_val) for n in graph_def.node)
 
 
 def _signature_problem(signatures):
