@@ -9,21 +9,30 @@
 #   e.g. scripts/launch_local_cluster.sh --sync_replicas=false
 #
 # Environment overrides:
-#   WORK     output folder (TFRecords, train logdir, logs)  [work/local_cluster]
+#   WORK     output folder (TFRecords, train logdir, logs)
+#            [work/local_cluster in the repository]
 #   STEPS    --training_number_of_steps                      [20]
 #   TIMEOUT  seconds to wait for the workers before giving up [900]
 #
 # The logs of each task are in $WORK/logs, each worker's JSON result in
-# $WORK/result_worker{0,1}.json, the checkpoints in $WORK/train. Every
-# process started here is stopped when the script exits, fails or is
-# interrupted (Ctrl-C, SIGTERM to the script or its process group: the
-# workers stop, the chief with a final checkpoint, then the parameter
-# server; exit 130 or 143).
+# $WORK/result_worker{0,1}.json, the checkpoints in $WORK/train. One launch
+# at a time runs in a WORK folder (a second exits 75). Every process
+# started here is stopped when the script exits, fails or is interrupted
+# (Ctrl-C, SIGTERM to the script or its process group: the workers stop,
+# the chief with a final checkpoint, then the parameter server; exit 130
+# or 143; a SIGHUP 129), and dies with it where setpriv is installed (a
+# kill -9). A worker that fails ends the script with its exit status (2:
+# bad flags). The workers' result lines are printed at the end, whatever
+# the end.
 # See docs/distributed.md for a launch on several hosts.
 set -euo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
   sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
   exit 0
+fi
+# A relative WORK is the caller's, not the repository's.
+if [[ -n ${WORK:-} && $WORK != /* ]]; then
+  WORK="$PWD/$WORK"
 fi
 cd "$(dirname "$0")/.."
 SCRIPT_NAME=launch_local_cluster
@@ -40,12 +49,17 @@ require_positive_int TIMEOUT "$TIMEOUT"
 # Decimal, whatever leading zeros (bash reads 010 as octal).
 STEPS=$((10#$STEPS))
 TIMEOUT=$((10#$TIMEOUT))
-need_cmd deeplab-train deeplab-build-data "$PYTHON" setsid
+need_cmd deeplab-train deeplab-build-data "$PYTHON" setsid flock
 
 RECORDS="$WORK/tfrecord"
 LOGDIR="$WORK/train"
 LOGS="$WORK/logs"
 mkdir -p "$LOGS"
+# A second launch here rewrote the running one's logs and results before
+# its chief was refused the train logdir. The tasks keep the lock open
+# until they end.
+exec 9>>"$WORK/.lock"
+flock -n 9 || die "another launch is running in $WORK, or a task an earlier one left (lock $WORK/.lock; \`fuser -v $WORK/.lock\` names the process)" 75
 
 PS_PIDS=()
 WORKER_PIDS=()
@@ -85,7 +99,7 @@ print_results() {
 # a synchronous chief has stopped already), then the parameter server.
 cleanup() {
   local status=$?
-  trap - EXIT INT TERM
+  trap - EXIT INT TERM HUP
   local pid
   for pid in ${WORKER_PIDS[@]+"${WORKER_PIDS[@]}"}; do
     stop_pids TERM 45 "$pid"
@@ -96,15 +110,17 @@ cleanup() {
     { stop_pids KILL 5 "${PS_PIDS[@]}"; wait "${PS_PIDS[@]}"; } 2>/dev/null || true
   fi
   wait 2>/dev/null || true
-  if [[ -n ${INTERRUPTED:-} ]]; then
+  # What the workers said, on a failure or an interruption alike (a
+  # success prints them at its end).
+  if ((status != 0 && ${#WORKER_PIDS[@]})); then
     print_results
   fi
   exit "$status"
 }
 trap cleanup EXIT
-INTERRUPTED=
-trap 'INTERRUPTED=1; log "interrupted: stopping the cluster"; exit 130' INT
-trap 'INTERRUPTED=1; log "interrupted: stopping the cluster"; exit 143' TERM
+trap 'log "interrupted: stopping the cluster"; exit 130' INT
+trap 'log "interrupted: stopping the cluster"; exit 143' TERM
+trap 'log "hung up: stopping the cluster"; exit 129' HUP
 
 if [[ ! -f "$RECORDS/dataset.json" ]]; then
   log "converting data/ to TFRecords in $RECORDS"
@@ -150,21 +166,24 @@ COMMON=(
 # group then stops the chief, whose last step (synchronous: with worker 1's
 # gradients) and final checkpoint (on the parameter server) need the others;
 # `cleanup` stops them after it. Where setpriv can, they also die with this
-# script (a kill -9 of the group no longer reaches them).
-OWN_SESSION=(setsid)
+# script (a kill -9 of the group no longer reaches them), and so does the
+# chief (a kill -9 of the script alone left it waiting for the dead
+# parameter server, holding the logdir).
+DIE_WITH_SCRIPT=()
 if setpriv --pdeathsig KILL true 2>/dev/null; then
-  OWN_SESSION+=(setpriv --pdeathsig KILL)
+  DIE_WITH_SCRIPT=(setpriv --pdeathsig KILL)
 fi
 
 start_task() {
   local job=$1 task=$2 out="$LOGS/$1$2.log"
-  local extra=() launcher=("${OWN_SESSION[@]}")
+  local extra=()
+  local launcher=(setsid ${DIE_WITH_SCRIPT[@]+"${DIE_WITH_SCRIPT[@]}"})
   if [[ $job == worker ]]; then
     extra=(--result_json="$WORK/result_worker$task.json")
     rm -f "$WORK/result_worker$task.json"
   fi
   if [[ $job$task == worker0 ]]; then
-    launcher=()
+    launcher=(${DIE_WITH_SCRIPT[@]+"${DIE_WITH_SCRIPT[@]}"})
   fi
   ${launcher[@]+"${launcher[@]}"} deeplab-train "${COMMON[@]}" \
     --job_name="$job" --task="$task" "${extra[@]}" >"$out" 2>&1 &
@@ -189,7 +208,7 @@ while ((${#FINISHED[@]} < 2)); do
       wait "$pid" || status=$?
       FINISHED[$i]=$status
       log "worker $i exited with status $status"
-      ((status == 0)) || die "worker $i failed, see $LOGS/worker$i.log"
+      ((status == 0)) || die "worker $i failed, see $LOGS/worker$i.log" "$status"
     fi
   done
   kill -0 "$PS_PID" 2>/dev/null || die "the parameter server died, see $LOGS/ps0.log"

@@ -6,6 +6,7 @@ tiny mobilenet_v2 passed through the scripts' environment variables.
 Over 400 lines on purpose: the scripts share the fake VOC tarball, the stub
 commands and the tiny-model environment built at the top.
 """
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -580,6 +581,11 @@ flags = dict(a[2:].split('=', 1) for a in sys.argv[1:] if '=' in a)
 me = flags['job_name'] + flags['task']
 with open(os.path.join(os.environ['MARKS'], me), 'w') as f:
   f.write('%d %d' % (os.getpid(), os.getpgid(0)))
+if me == os.environ.get('FAILING'):
+  time.sleep(1)
+  with open(flags['result_json'], 'w') as f:
+    f.write('{"event": "result", "status": "bad_input"}\\n')
+  sys.exit(2)
 got = []
 def on_signal(signum, frame):
   got.append(signal.Signals(signum).name[3:])
@@ -598,21 +604,28 @@ event('end')
 """
 
 
-def test_local_cluster_ctrl_c_stops_the_chief_first(tmp_path):
-  """A Ctrl-C (SIGINT to the script's process group) also reached the
-  parameter server, which died at once: the chief could not write its
-  final checkpoint, and no worker wrote its result. Only the chief now
-  runs in the script's group; worker 1 and the ps are stopped after it."""
+def _stub_cluster(tmp_path, **env):
+  """(marks folder, WORK, environment) of launch_local_cluster.sh with
+  _CLUSTER_TASK as deeplab-train and its records already built."""
   marks = tmp_path / 'marks'
   marks.mkdir()
   work = tmp_path / 'work'
   (work / 'tfrecord').mkdir(parents=True)
   (work / 'tfrecord' / 'dataset.json').write_text('{}')
-  events = tmp_path / 'events.txt'
-  env = _with_stubs(
-      tmp_path, fake_voc.script_env(WORK=work, MARKS=marks, EVENTS=events),
+  return marks, work, _with_stubs(
+      tmp_path, fake_voc.script_env(WORK=work, MARKS=marks,
+                                    EVENTS=tmp_path / 'events.txt', **env),
       {'deeplab-train': _CLUSTER_TASK,
        'deeplab-build-data': '#!/bin/sh\nexit 9\n'})
+
+
+def test_local_cluster_ctrl_c_stops_the_chief_first(tmp_path):
+  """A Ctrl-C (SIGINT to the script's process group) also reached the
+  parameter server, which died at once: the chief could not write its
+  final checkpoint, and no worker wrote its result. Only the chief now
+  runs in the script's group; worker 1 and the ps are stopped after it."""
+  marks, work, env = _stub_cluster(tmp_path)
+  events = tmp_path / 'events.txt'
   proc, stdout, stderr = _signalled(
       ['bash', str(fake_voc.SCRIPTS / 'launch_local_cluster.sh')], env,
       lambda: len(os.listdir(marks)) == 3, signal.SIGINT, to_group=True)
@@ -629,6 +642,83 @@ def test_local_cluster_ctrl_c_stops_the_chief_first(tmp_path):
   assert ('worker 0: {"event": "result", "stop_reason": "signal:SIGINT"}'
           in stdout), stdout
   assert 'worker 1: {"event": "result", "stop_reason": "signal:SIGTERM"}' in stdout
+
+
+def test_local_cluster_holds_its_folder_and_its_tasks_die_with_it(tmp_path):
+  """A second launch on the same WORK truncated the running one's logs and
+  deleted its workers' results before its own chief was refused the
+  logdir (exit 1); a kill -9 of the script left the chief running, waiting
+  for the dead parameter server with the logdir locked."""
+  marks, work, env = _stub_cluster(tmp_path)
+  first = subprocess.Popen(
+      ['bash', str(fake_voc.SCRIPTS / 'launch_local_cluster.sh')], env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+  try:
+    deadline = time.time() + 60
+    while len(os.listdir(marks)) < 3:
+      assert time.time() < deadline and first.poll() is None
+      time.sleep(0.05)
+    tasks = [int((marks / name).read_text().split()[0])
+             for name in ('ps0', 'worker0', 'worker1')]
+    (work / 'logs' / 'worker0.log').write_text('step 1\n')
+    (work / 'result_worker1.json').write_text('{"event": "result"}\n')
+    second = subprocess.Popen(
+        ['bash', str(fake_voc.SCRIPTS / 'launch_local_cluster.sh')], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+      _, stderr = second.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+      os.killpg(second.pid, signal.SIGKILL)  # it started a cluster
+      raise
+    assert second.returncode == 75, stderr
+    assert ('another launch is running in %s, or a task an earlier one '
+            'left (lock %s/.lock;' % (work, work) in stderr), stderr
+    assert (work / 'logs' / 'worker0.log').read_text() == 'step 1\n'
+    assert (work / 'result_worker1.json').is_file()
+    if subprocess.run(['setpriv', '--pdeathsig', 'KILL', 'true'],
+                      check=False).returncode:
+      return  # without setpriv, tasks outlive a kill -9 (the finally ends)
+
+    first.kill()
+    first.wait(timeout=30)
+    deadline = time.time() + 30
+    while any(_alive(pid) for pid in tasks):
+      assert time.time() < deadline, [pid for pid in tasks if _alive(pid)]
+      time.sleep(0.1)
+  finally:
+    if first.poll() is None:
+      os.killpg(first.pid, signal.SIGKILL)
+    first.communicate()
+    for mark in marks.iterdir():  # the ps and worker 1 run apart
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(int(mark.read_text().split()[0]), signal.SIGKILL)
+
+
+def test_local_cluster_failing_worker_gives_its_status_and_results(
+    tmp_path):
+  """A worker refusing its flags (exit 2) ended the script with 1, and the
+  workers' result lines were printed only on Ctrl-C or SIGTERM."""
+  _, work, env = _stub_cluster(tmp_path, FAILING='worker1')
+  # A relative WORK is the caller's (it was the repository's).
+  env['WORK'] = 'work'
+  proc = subprocess.run(
+      ['bash', str(fake_voc.SCRIPTS / 'launch_local_cluster.sh')], env=env,
+      cwd=tmp_path, capture_output=True, text=True, timeout=90, check=False)
+  assert proc.returncode == 2, fake_voc.describe(proc)
+  assert 'worker 1 failed, see %s/logs/worker1.log' % work in proc.stderr
+  assert proc.stdout.splitlines() == [
+      'worker 0: {"event": "result", "stop_reason": "signal:SIGTERM"}',
+      'worker 1: {"event": "result", "status": "bad_input"}']
+
+
+def _alive(pid):
+  """Whether `pid` runs (a zombie does not: it is only waiting for init)."""
+  try:
+    with open('/proc/%d/stat' % pid) as f:
+      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+  except FileNotFoundError:
+    return False
 
 
 @pytest.mark.parametrize('env,words', [
