@@ -532,7 +532,9 @@ def test_a_worker_with_options_other_than_the_chiefs_refuses_to_train(
   assert app.user_message(error.value) == (
       'worker task 1 was started with options that differ from those of the '
       "chief, which trains: --train_batch_size=4 here, 2 on the chief: start "
-      'every worker with the flags of the chief (only --num_clones, '
+      'every worker with the flags of the chief, and those the '
+      'deeplab_config.json of its logdir keeps from its first start (only '
+      '--num_clones, '
       '--mixed_precision and the other per-machine settings may differ)')
 
   # Another model: variables the chief never made.
@@ -572,6 +574,24 @@ def test_a_worker_with_options_other_than_the_chiefs_refuses_to_train(
       'worker task 1 was started with options that differ from those of the '
       'chief, which trains: --worker_hosts=%s,%s,h:2 here, %s,%s on the '
       'chief: ' % (hosts[1], hosts[2], hosts[1], hosts[2]))
+
+  # The input is compared too: a worker with another split or scale range
+  # trained on other input without a word. Not the dataset's folder, which
+  # may be each host's own copy.
+  chief_input = cluster_session.run_options_text(
+      model, config.TrainOptions(), worker,
+      config.PreprocessOptions(crop_size=(33, 33)), 'pascal_voc_seg', 'train')
+  worker_input = cluster_session.run_options_text(
+      model, config.TrainOptions(), worker,
+      config.PreprocessOptions(crop_size=(33, 33), max_scale_factor=2.0),
+      'pascal_voc_seg', 'trainval')
+  with tf.Graph().as_default():
+    mine = cluster_session.ChiefOptions(worker_input)
+  assert app.user_message(mine.mismatch_error(
+      mine.differences(chief_input), 1)).startswith(
+          'worker task 1 was started with options that differ from those of '
+          'the chief, which trains: --max_scale_factor=2.0 here, 1.0 on the '
+          'chief; --train_split=trainval here, train on the chief: ')
 
   # The chief stops; the ps keeps its options. A worker of the next run,
   # with other options, waits for that run's chief (it was refused), and a

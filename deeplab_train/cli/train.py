@@ -364,8 +364,8 @@ def run_job(job, start_time, process_signals=None, result_json=None):
       job.model_options, job.train_options, job.run_options,
       ignore_label=job.dataset_info.ignore_label, input_fn=input_fn,
       preprocess_options=job.preprocess_options,
-      dataset=job.dataset_info.to_dict(), start_time=start_time,
-      cluster=job.cluster, master=job.master,
+      dataset=job.dataset_info.to_dict(), train_split=job.split,
+      start_time=start_time, cluster=job.cluster, master=job.master,
       eval_data=(validation.EvalData(job.dataset_dir, job.dataset_info)
                  if job.run_options.validates else None),
       handle_signals=process_signals is None,

@@ -4,9 +4,10 @@ The chief's session restores the last checkpoint of the logdir (or
 initialises the variables and runs the init-fn), then publishes the chief's
 options on ps task 0 and beats there every few seconds. Another worker's
 session waits until a beating chief has made the model ready and checks its
-own options against the chief's: a worker started with other model or
-training flags refuses to train (exit 2) instead of waiting for ever for
-variables the chief never made or failing at its first step; the options a
+own options against the chief's: a worker started with other model,
+training or input flags refuses to train (exit 2) instead of waiting for
+ever for variables the chief never made, failing at its first step or
+training on other input; the options a
 stopped chief left on the ps neither refuse a worker nor let one in. A
 training worker checks them again every few seconds (a chief restarted with
 other options). Until its session exists, a task logs every 30 s what it
@@ -65,21 +66,37 @@ STALE_SECS = 3 * HEARTBEAT_SECS
 _MISMATCHES_SHOWN = 12
 
 
-def run_options_text(model_options, train_options, cluster):
+def run_options_text(model_options, train_options, cluster,
+                     preprocess_options=None, dataset_name=None,
+                     train_split=None):
   """The options every worker of a run must share, as JSON text keyed by
   'Owner.field' (the chief publishes it, see `ChiefOptions`); values that
-  None leaves to a default are resolved."""
+  None leaves to a default are resolved.
+
+  The input's options are shared too when given (`preprocess_options`, the
+  dataset's name, the training split): a worker with another split or
+  scale range trained on other input without a word. Not --dataset_dir,
+  which may be each host's own copy.
+  """
   # The host lists themselves: a worker given one host more than the chief
   # was told of --num_replicas, a flag it never gave.
   shared = {'ClusterOptions.sync_replicas': cluster.sync_replicas,
             'ClusterOptions.ps_hosts': list(cluster.ps_hosts),
             'ClusterOptions.worker_hosts': list(cluster.worker_hosts)}
+  # The crop is the model's (ModelOptions.crop_size), listed once.
   for owner, options, skipped in (('ModelOptions', model_options, ()),
                                   ('TrainOptions', train_options,
-                                   PER_MACHINE_FIELDS)):
-    for name, value in options.to_dict().items():
+                                   PER_MACHINE_FIELDS),
+                                  ('PreprocessOptions', preprocess_options,
+                                   ('crop_size',))):
+    for name, value in (options.to_dict() if options else {}).items():
       if name not in skipped:
         shared['%s.%s' % (owner, name)] = value
+  # Fields named as the command's messages name --dataset and --train_split.
+  for key, value in (('load_dataset_info.name', dataset_name),
+                     ('inputs.train_split', train_split)):
+    if value is not None:
+      shared[key] = value
   if train_options.weight_decay is None:
     shared['TrainOptions.weight_decay'] = registry.get(
         model_options.model_variant).default_weight_decay
@@ -151,9 +168,11 @@ class ChiefOptions:
       what = ('worker task %d was started with options that differ from '
               'those of the chief, which trains: ')
     return ConfigError(
-        what + template + ': start every worker with the flags of the chief '
-        '(only {TrainOptions.num_clones}, {TrainOptions.mixed_precision} and '
-        'the other per-machine settings may differ)', task, *values)
+        what + template + ': start every worker with the flags of the chief, '
+        'and those the deeplab_config.json of its logdir keeps from its first '
+        'start (only {TrainOptions.num_clones}, '
+        '{TrainOptions.mixed_precision} and the other per-machine settings '
+        'may differ)', task, *values)
 
 
 def _listed(differences):

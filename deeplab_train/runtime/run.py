@@ -99,6 +99,7 @@ class RunSpec:
   session_config: Any = None
   device_pattern: Optional[str] = None
   eval_data: Any = None
+  train_split: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -116,7 +117,7 @@ def train(model_options, train_options, run_options, *, ignore_label,
           input_fn, preprocess_options=None, dataset=None, model_fn=None,
           last_layer_scopes=None, session_config=None, device_pattern=None,
           handle_signals=True, master='', start_time=None, cluster=None,
-          started=None, eval_data=None):
+          started=None, eval_data=None, train_split=None):
   """Runs (or resumes) training in `run_options.train_logdir`.
 
   Args:
@@ -140,6 +141,8 @@ def train(model_options, train_options, run_options, *, ignore_label,
       to forward signals to its `stop` and to report `stopped_now`.
     eval_data: validation.EvalData of run_options.eval_split (required
       when run_options.eval_interval_steps is set).
+    train_split: the split input_fn reads; a cluster's workers must share
+      it, with preprocess_options and the dataset's name.
 
   Returns:
     A RunResult.
@@ -147,7 +150,7 @@ def train(model_options, train_options, run_options, *, ignore_label,
   spec = RunSpec(model_options, train_options, run_options, ignore_label,
                  input_fn, preprocess_options, dataset, model_fn,
                  last_layer_scopes, session_config, device_pattern,
-                 eval_data)
+                 eval_data, train_split)
   run = TrainingRun(spec, cluster, master, start_time)
   if started is not None:
     started(run)
@@ -537,7 +540,9 @@ class TrainingRun:
           config=session_config)
     spec = self.spec
     options = cluster_session.ChiefOptions(cluster_session.run_options_text(
-        spec.model_options, spec.train_options, self.cluster))
+        spec.model_options, spec.train_options, self.cluster,
+        spec.preprocess_options, (spec.dataset or {}).get('name'),
+        spec.train_split))
     creator = cluster_session.session_creator(
         self.cluster, g.scaffold, self.master,
         cluster_session.session_config(self.cluster, session_config), logdir,
