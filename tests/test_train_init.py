@@ -267,7 +267,27 @@ def test_momentum_slots_and_other_float_types_restore_as_the_original(
   assert plan.cast == [('MobilenetV2/Conv/weights', 'float64', 'float32'),
                        ('aspp0/weights/Momentum', 'float16', 'float32')]
   assert plan.unused == 0
+  # The excluded layers' slots the checkpoint holds are counted too (they
+  # were in no count of the log line).
+  assert plan.optimizer_excluded == [n for n in sorted(logits)
+                                     if n.endswith('/Momentum')]
   text = '\n'.join(map(str, plan.summary_lines()))
+  assert ('and %d of the optimizer\'s variables (e.g. ' % len(
+      plan.optimizer_restored)) in text
+  assert ', 2 excluded with the last layers' in text
+  # Another class count with the last layer left on: the logits' slots
+  # have another shape too, and are counted (they were in no count).
+  four = graph_lib.build_training_graph(
+      tt.tiny_model_options(num_classes=4, decoder=(4,)),
+      config.TrainOptions(train_batch_size=2,
+                          fine_tune_batch_norm=False).validate(),
+      ignore_label=255,
+      input_fn=tt.constant_input_fn(*tt.synthetic_batch(2, 33, num_classes=4)),
+      init_checkpoint=prefix, device_pattern='/cpu:%d')
+  assert four.init_plan.optimizer_skipped == [
+      n for n in sorted(logits) if n.endswith('/Momentum')]
+  assert ', 2 skipped with another shape or type' in '\n'.join(
+      map(str, four.init_plan.summary_lines()))
   assert ('cast to the model\'s type: MobilenetV2/Conv/weights (float64 to '
           'float32), aspp0/weights/Momentum (float16 to float32)') in text
 

@@ -67,8 +67,11 @@ class InitPlan:
   hints: List[errors.Message]
   saver: Optional[tf.train.Saver] = None
   unused: int = 0  # checkpoint variables the model does not have
-  # The optimizer's variables restored (beside `restored`).
+  # The optimizer's variables restored (beside `restored`), and those the
+  # checkpoint holds in the excluded last layers or with another shape.
   optimizer_restored: List[str] = dataclasses.field(default_factory=list)
+  optimizer_excluded: List[str] = dataclasses.field(default_factory=list)
+  optimizer_skipped: List[str] = dataclasses.field(default_factory=list)
   # (name, checkpoint dtype, model dtype) of the variables restored cast,
   # and the op that does it with the placeholder of the files' prefix.
   cast: List[Tuple[str, str, str]] = dataclasses.field(default_factory=list)
@@ -93,9 +96,16 @@ class InitPlan:
              'skipped with a shape mismatch (%d checkpoint variables unused)'
              % (self.checkpoint, len(self.restored), len(self.excluded),
                 len(self.missing), len(self.mismatched), self.unused)]
-    if self.optimizer_restored:
-      lines.append('  and %d of the optimizer\'s variables (e.g. %s)' % (
-          len(self.optimizer_restored), _examples(self.optimizer_restored)))
+    if (self.optimizer_restored or self.optimizer_excluded or
+        self.optimizer_skipped):
+      lines.append('  and %d of the optimizer\'s variables%s%s%s' % (
+          len(self.optimizer_restored),
+          ' (e.g. %s)' % _examples(self.optimizer_restored)
+          if self.optimizer_restored else '',
+          ', %d excluded with the last layers' % len(self.optimizer_excluded)
+          if self.optimizer_excluded else '',
+          ', %d skipped with another shape or type'
+          % len(self.optimizer_skipped) if self.optimizer_skipped else ''))
     if self.cast:
       lines.append('  cast to the model\'s type: %s' % _examples(
           ['%s (%s to %s)' % entry for entry in self.cast]))
@@ -246,13 +256,18 @@ def make_init_plan(checkpoint, variables, exclude_scopes=(),
            _examples(sorted(n for n in ckpt_shapes
                             if n != 'global_step')[:2])))
   hints = [_mismatch_hint(mismatched, logits_scopes)] if mismatched else []
-  optimizer = {}
+  optimizer, optimizer_excluded, optimizer_skipped = {}, [], []
   for var in optimizer_variables:
     name = scopes.variable_name(var)
-    if (name in ckpt_shapes and not scopes.in_scopes(name, exclude_scopes)
-        and ckpt_shapes[name] == tuple(var.shape.as_list())
-        and _restorable_type(ckpt_dtypes[name], var)):
+    if name not in ckpt_shapes:
+      continue
+    if scopes.in_scopes(name, exclude_scopes):
+      optimizer_excluded.append(name)
+    elif (ckpt_shapes[name] == tuple(var.shape.as_list())
+          and _restorable_type(ckpt_dtypes[name], var)):
       optimizer[name] = var
+    else:
+      optimizer_skipped.append(name)
   every = dict(restored, **optimizer)
   cast = {n: v for n, v in every.items()
           if ckpt_dtypes[n] != v.dtype.base_dtype}
@@ -277,5 +292,6 @@ def make_init_plan(checkpoint, variables, exclude_scopes=(),
   return InitPlan(
       checkpoint, sorted(restored), sorted(excluded), sorted(missing),
       sorted(mismatched), hints, saver, len(unused), sorted(optimizer),
+      sorted(optimizer_excluded), sorted(optimizer_skipped),
       [(n, ckpt_dtypes[n].name, v.dtype.base_dtype.name)
        for n, v in sorted(cast.items())], cast_restore)
