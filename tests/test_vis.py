@@ -14,6 +14,7 @@ from deeplab_train import config
 from deeplab_train.cli import signals
 from deeplab_train.cli import vis as vis_cli
 from deeplab_train.data import colormap
+from deeplab_train.data import datasets
 from deeplab_train.evaluation import legend
 from deeplab_train.evaluation import predictor as predictor_lib
 from deeplab_train.evaluation import vis
@@ -91,6 +92,16 @@ def test_cityscapes_raw_predictions_are_label_ids(tiny, tmp_path, capsys):
     np.testing.assert_array_equal(colored, pascal[labels])
     seen.update(np.unique(raw).tolist())
   assert seen == {7, 8, 11}
+
+
+def test_raw_ids_past_the_cityscapes_table_are_kept():
+  """A dataset named cityscapes with more than its 19 train ids (a
+  relabelled one): the ids past the table are written as they are, as the
+  original does (an IndexError ended deeplab-vis with a traceback)."""
+  labels = np.array([[0, 18], [19, 150]], np.int64)
+  np.testing.assert_array_equal(
+      vis.mapped_ids(labels, datasets.CITYSCAPES_TRAIN_ID_TO_LABEL_ID),
+      [[7, 33], [19, 150]])
 
 
 def test_image_dir_cityscapes_colours_and_limit(tiny, tmp_path, capsys):

@@ -67,6 +67,15 @@ def labels_as_png_array(labels):
   return labels.astype(dtype)
 
 
+def mapped_ids(labels, table):
+  """`labels` with each id below len(table) replaced by its entry; the
+  others as they are (as the original's conversion of Cityscapes' train
+  ids: a dataset named so with more classes raised an IndexError)."""
+  table = np.asarray(table)
+  inside = labels < len(table)
+  return np.where(inside, table[np.where(inside, labels, 0)], labels)
+
+
 def resize_nearest(labels, height, width):
   """Nearest-neighbour resize of [h, w] labels with aligned corners."""
   h, w = labels.shape
@@ -419,7 +428,7 @@ def _write_one(sample, prediction, stem, vis_logdir, colormap, vis_options,
     if vis_options.also_save_raw_predictions:
       raw = prediction
       if train_id_to_eval_id is not None:
-        raw = np.asarray(train_id_to_eval_id)[raw]
+        raw = mapped_ids(raw, train_id_to_eval_id)
       written.append(os.path.join(vis_logdir, RAW_FOLDER, stem + '.png'))
       save_png(written[-1], labels_as_png_array(raw))
     if vis_options.save_overlay:
