@@ -20,6 +20,7 @@ import tensorflow.compat.v1 as tf
 import eval_testing as et
 from deeplab_train import config
 from deeplab_train import restore as restore_lib
+from deeplab_train.cli import app
 from deeplab_train.cli import eval as eval_cli
 from deeplab_train.cli import export as export_cli
 from deeplab_train.data import datasets
@@ -184,6 +185,27 @@ def test_metrics_are_printed_when_the_results_cannot_be_written(
   assert not [n for n in os.listdir(eval_dir) if '.tmp-' in n]
 
 
+def test_a_split_without_a_pixel_to_score_is_bad_input(tiny):
+  """Labels all the ignore label: the evaluation passed as a result (exit 0,
+  mIoU nan over 0 classes, 'no pixel was misclassified')."""
+  info = datasets.load_dataset_info('tiny', tiny['data'])
+  inference = config.InferenceOptions()
+  with predictor_lib.Predictor(et.tiny_model_options(), inference) as predictor:
+    samples = list(eval_loop.iterate_split(
+        tiny['data'], 'val', info, config.PreprocessOptions(crop_size=None),
+        predictor.mean_pixel))
+    for sample in samples:
+      sample['label'] = np.full_like(sample['label'], info.ignore_label)
+    with pytest.raises(eval_loop.InputDataError) as error:
+      eval_loop.evaluate_checkpoint(
+          predictor, tiny['checkpoint'], lambda: samples, info,
+          config.EvalOptions(batch_size=2), inference)
+  assert str(error.value) == (
+      "split 'val' has no pixel to score: every label of its %d images is "
+      "the ignore label %d; check its labels and the dataset's ignore label"
+      % (len(samples), info.ignore_label))
+
+
 def test_padding_is_not_scored(tiny):
   """A large fixed crop and stride padding score exactly the image pixels."""
   info = datasets.load_dataset_info('tiny', tiny['data'])
@@ -216,6 +238,13 @@ def test_run_once_without_checkpoint_fails_at_once(tmp_path, capsys):
   assert err.err.rstrip().endswith(
       'train first, or point --checkpoint_dir at the train_logdir')
   assert _last_json_line(err.out)['status'] == 'bad_input'
+  # The eval folder it made is not left behind, empty, in the logdir; nor
+  # the folders above one it made deeper.
+  assert os.listdir(empty) == []
+  assert et.run_cli(eval_cli, ['--checkpoint_dir=%s' % empty,
+                               '--dataset_dir=%s' % tmp_path,
+                               '--eval_logdir=%s/nest/a/eval' % empty]) == 2
+  assert os.listdir(empty) == []
   code = et.run_cli(eval_cli, ['--checkpoint_dir=%s/missing/model.ckpt-1'
                                % tmp_path, '--dataset_dir=%s' % tmp_path])
   assert code == 2
@@ -417,6 +446,10 @@ def test_checkpoint_with_a_part_the_flags_leave_out_is_refused(tmp_path):
   assert 'in the checkpoint that the network does not build, e.g. decoder/' in (
       str(error.value))
   assert 'pass the model flags it was trained with' in str(error.value)
+  # It named 'number of classes', which no flag sets.
+  assert app.user_message(error.value).endswith(
+      '...) and its class count (this network has %d classes)'
+      % et.NUM_CLASSES)
 
 
 def test_follow_mode_evaluates_each_new_checkpoint_once(tiny, tmp_path):

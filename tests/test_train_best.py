@@ -7,12 +7,14 @@ import os
 import signal
 
 from absl import flags
+from PIL import Image
 import pytest
 import tensorflow.compat.v1 as tf
 
 from deeplab_train import config
 from deeplab_train.cli import eval as eval_cli
 from deeplab_train.cli import train as train_cli
+from deeplab_train.data import build
 from deeplab_train.runtime import validation
 
 import eval_testing as et
@@ -72,6 +74,39 @@ def test_bad_flags_exit_2_with_one_line(tmp_path, records, extra, message):
   assert code == 2 and result['status'] == 'bad_input'
   assert message in result['message'] and '\n' not in result['message']
   assert tt.latest_step(tmp_path / 'log') is None
+
+
+def test_a_validation_split_without_a_pixel_to_score_is_refused_at_once(
+    tmp_path, capsys):
+  """Labels all the ignore label: every evaluation gave an mIoU of nan, and
+  no checkpoint was ever kept as the best. deeplab-eval refuses the split
+  too, and leaves no eval folder behind."""
+  records = tmp_path / 'records'
+  tt.make_tfrecords(records, count=2)
+  entries = []
+  for i in range(2):
+    image = tt.SAMPLE / 'JPEGImages' / ('train_%04d.jpg' % i)
+    label = tmp_path / ('ignored_%d.png' % i)
+    with Image.open(image) as opened:
+      Image.new('L', opened.size, 255).save(label)
+    entries.append(build.Entry('val_%d' % i, str(image), str(label)))
+  build.convert({'val': entries}, str(records), build.BuildOptions(
+      num_classes=tt.NUM_CLASSES, ignore_label=255, dataset_name='shapes',
+      num_shards=1, num_workers=1))
+  message = ("split 'val' has no pixel to score: every label of its 2 images "
+             "is the ignore label 255; check its labels and the dataset's "
+             'ignore label')
+  code, result = _main(tt.tiny_cli_args(tmp_path / 'log', str(records), 5,
+                                        '--eval_interval_steps=2'))
+  assert code == 2 and result['message'] == message
+  assert tt.latest_step(tmp_path / 'log') is None
+  logdir = tmp_path / 'trained'
+  assert _main(tt.tiny_cli_args(logdir, str(records), 1))[0] == 0
+  capsys.readouterr()
+  assert et.run_cli(eval_cli, ['--checkpoint_dir=%s' % logdir,
+                               '--dataset_dir=%s' % records]) == 2
+  assert message in capsys.readouterr().err
+  assert not (logdir / 'eval').exists()
 
 
 def test_resume_repairs_what_a_kill_left(tmp_path):

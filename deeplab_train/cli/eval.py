@@ -305,13 +305,33 @@ def run_eval(job):
   Raises:
     locking.FolderLockedError: another deeplab-eval writes there.
   """
+  made = _missing_folders(job.eval_logdir)
   try:
     os.makedirs(job.eval_logdir, exist_ok=True)
   except OSError as e:
     raise atomic.not_written(job.eval_logdir, e) from None
-  with locking.FolderLock(job.eval_logdir, LOCK_FILENAME, COMMAND,
-                          '%s writing to this folder' % COMMAND):
-    return _run_eval_locked(job)
+  try:
+    with locking.FolderLock(job.eval_logdir, LOCK_FILENAME, COMMAND,
+                            '%s writing to this folder' % COMMAND):
+      return _run_eval_locked(job)
+  finally:
+    # A run refused (a missing split, another network's checkpoint, ...)
+    # left the folders it made empty, e.g. an eval/ in a training logdir.
+    for folder in made:
+      try:
+        os.rmdir(folder)
+      except OSError:
+        break  # not empty: results, or another's files
+
+
+def _missing_folders(path):
+  """The folders of `path` that do not exist yet, innermost first."""
+  missing = []
+  path = os.path.abspath(path)
+  while not os.path.isdir(path) and path != os.path.dirname(path):
+    missing.append(path)
+    path = os.path.dirname(path)
+  return missing
 
 
 def _run_eval_locked(job):
@@ -356,6 +376,7 @@ def evaluate_flags():
     return []
   # pylint: disable-next=g-import-not-at-top
   from deeplab_train.evaluation import eval_loop
+  eval_loop.check_scorable(job.dataset_info, job.eval_options.split)
   try:
     return run_eval(job)
   except eval_loop.ResultNotWrittenError as e:

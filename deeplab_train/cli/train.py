@@ -288,6 +288,7 @@ def options_from_flags():
   info = common_flags.dataset_info()
   # pylint: disable=g-import-not-at-top
   from deeplab_train.data import pipeline
+  from deeplab_train.evaluation import eval_loop
   from deeplab_train.runtime import checkpoint_state
   from deeplab_train.runtime import validation
   from deeplab_train.train import towers as towers_lib
@@ -319,6 +320,7 @@ def options_from_flags():
   pipeline.split_files(FLAGS.dataset_dir, FLAGS.train_split)
   if runs.validates:
     pipeline.split_files(FLAGS.dataset_dir, runs.eval_split)
+    eval_loop.check_scorable(info, runs.eval_split)
     validation.metric_key(runs.best_metric, info)
   return TrainJob(model_options=model_options, train_options=train,
                   run_options=runs, preprocess_options=preprocess,

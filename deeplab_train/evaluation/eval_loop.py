@@ -245,6 +245,43 @@ def _checkpoints(checkpoint_dir, eval_options, sleep, clock):
                            eval_options.timeout_secs, sleep=sleep, clock=clock)
 
 
+def _scores(confusion, count, dataset_info, split):
+  """The SegmentationMetrics of `count` images of `split` scored into
+  `confusion`.
+
+  Raises:
+    InputDataError: the split has no image, or no pixel to score (every
+      label the ignore label: an mIoU of nan over 0 classes passed as a
+      result, saying no pixel was misclassified).
+  """
+  if count == 0:
+    raise InputDataError('split %r has no images' % split)
+  scores = confusion.result(dataset_info.class_names)
+  if scores.num_pixels == 0:
+    raise _no_pixel_to_score(split, count, dataset_info)
+  return scores
+
+
+def _no_pixel_to_score(split, count, dataset_info):
+  return InputDataError(
+      'split %r has no pixel to score: every label of its %d images is the '
+      'ignore label %d; check its labels and the dataset\'s ignore label',
+      split, count, dataset_info.ignore_label)
+
+
+def check_scorable(dataset_info, split):
+  """Refuses, before any work, a `split` whose counts (dataset.json's
+  statistics, when kept) show no pixel to score.
+
+  Raises:
+    InputDataError: every labelled pixel of the split is the ignore label.
+  """
+  counted = dataset_info.split_statistics(split)
+  if (counted is not None and counted.num_images > counted.unlabelled_images
+      and not sum(counted.class_pixels) and not counted.invalid_pixels):
+    raise _no_pixel_to_score(split, counted.num_images, dataset_info)
+
+
 def evaluate_checkpoint(predictor, checkpoint_path, make_samples,
                         dataset_info, eval_options, inference):
   """Restores one checkpoint and scores it.
@@ -257,9 +294,7 @@ def evaluate_checkpoint(predictor, checkpoint_path, make_samples,
   confusion, count = score(predictor, make_samples(),
                            dataset_info.num_classes, dataset_info.ignore_label,
                            eval_options.batch_size)
-  if count == 0:
-    raise InputDataError('split %r has no images' % eval_options.split)
-  scores = confusion.result(dataset_info.class_names)
+  scores = _scores(confusion, count, dataset_info, eval_options.split)
   seconds = time.time() - start
   result = {'checkpoint': checkpoint_path,
             'global_step': predictor_lib.checkpoint_global_step(
@@ -380,9 +415,7 @@ def evaluate_exported(model, eval_logdir, eval_options, dataset_info,
   start = time.time()
   confusion, count = score(model, make_samples(), dataset_info.num_classes,
                            dataset_info.ignore_label, eval_options.batch_size)
-  if count == 0:
-    raise InputDataError('split %r has no images' % eval_options.split)
-  scores = confusion.result(dataset_info.class_names)
+  scores = _scores(confusion, count, dataset_info, eval_options.split)
   result = {'checkpoint': None,
             'exported_model': model.path,
             'exported_format': model.kind,

@@ -92,13 +92,14 @@ def checkpoint_global_step(checkpoint_path):
   return int(match.group(1)) if match else None
 
 
-def check_checkpoint_matches(checkpoint_path, variables):
+def check_checkpoint_matches(checkpoint_path, variables, num_classes):
   """Raises CheckpointMismatchError when variables are missing, reshaped or
   left out of the network.
 
   Args:
     checkpoint_path: a checkpoint prefix.
     variables: the graph's tf.Variables to restore.
+    num_classes: the network's class count, for the message.
   """
   missing, reshaped, unused = restore_lib.compare_shapes(checkpoint_path,
                                                          variables)
@@ -121,18 +122,20 @@ def check_checkpoint_matches(checkpoint_path, variables):
     if os.path.isfile(run_config):
       advice = ('The model options were read from %s beside it: does that '
                 'file belong to another run?')
+      values = [run_config]
     else:
       advice = ('Without a %s beside the checkpoint, pass the model flags it '
                 'was trained with ({ModelOptions.model_variant}, '
                 '{ModelOptions.output_stride}, {ModelOptions.atrous_rates}, '
                 '{ModelOptions.decoder_output_stride}, '
-                '{ModelOptions.depth_multiplier}, number of classes ...)')
-      run_config = config.RUN_CONFIG_FILENAME
+                '{ModelOptions.depth_multiplier}, ...) and its class count '
+                '(this network has %d classes)')
+      values = [config.RUN_CONFIG_FILENAME, num_classes]
     # Paths and names go in as values, never into the template.
     raise CheckpointMismatchError(
         'checkpoint %s does not match the network built from the model '
         'options (%s). ' + advice, checkpoint_path, '; '.join(details),
-        run_config)
+        *values)
 
 
 def build_predictions(images, model_options, inference):
@@ -184,7 +187,8 @@ class Predictor:
 
   def restore(self, checkpoint_path):
     """Loads the network's variables from a checkpoint prefix."""
-    check_checkpoint_matches(checkpoint_path, self._variables)
+    check_checkpoint_matches(checkpoint_path, self._variables,
+                             self.options.num_classes)
     with self.graph.as_default():
       restore_lib.restore(self._saver, self._session, checkpoint_path)
     self.checkpoint_path = checkpoint_path

@@ -138,7 +138,8 @@ def freeze(checkpoint_path, model_options, export_options):
   with tf.Graph().as_default() as graph:
     tensors = build_export_graph(model_options, export_options)
     variables = tf.global_variables()
-    predictor.check_checkpoint_matches(checkpoint_path, variables)
+    predictor.check_checkpoint_matches(checkpoint_path, variables,
+                                       model_options.num_classes)
     saver = tf.train.Saver(variables)
     graph_def = graph.as_graph_def(add_shapes=True)
     for node in graph_def.node:

@@ -163,7 +163,8 @@ def freeze_serving_graph(checkpoint_path, model_options, export_options):
                    for tensors in pair)
         for key, pair in _signatures(single, batch).items()}
     variables = tf.global_variables()
-    predictor.check_checkpoint_matches(checkpoint_path, variables)
+    predictor.check_checkpoint_matches(checkpoint_path, variables,
+                                       model_options.num_classes)
     saver = tf.train.Saver(variables)
     graph_def = graph.as_graph_def()
     for node in graph_def.node:

@@ -240,7 +240,8 @@ def _frozen_graph(checkpoint_path, model_options, export_options):
   with tf.Graph().as_default() as graph:
     tensors = build_tflite_graph(model_options, export_options)
     variables = tf.global_variables()
-    predictor.check_checkpoint_matches(checkpoint_path, variables)
+    predictor.check_checkpoint_matches(checkpoint_path, variables,
+                                       model_options.num_classes)
     saver = tf.train.Saver(variables)
     outputs = [t.op.name for t in tensors['outputs']]
     with tf.Session(graph=graph) as sess:
