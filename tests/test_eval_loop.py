@@ -287,6 +287,28 @@ def test_crop_too_small_for_the_split_is_refused_at_once(tiny, capsys):
   assert not os.path.exists(eval_dir)
 
 
+def test_crop_too_small_for_the_resized_split_is_refused_at_once(tiny,
+                                                                 capsys):
+  """With the resize flags (ADE20K's recipes), the crop was checked image by
+  image only: refused at the first image too large, after the work before
+  it (deeplab-vis drew the images before it), with the size that one
+  needed. The records' sizes are now read and resized first."""
+  eval_dir = os.path.join(tiny['root'], 'e_resized')
+  code = et.run_cli(eval_cli, ['--checkpoint_dir=' + tiny['train'],
+                               '--dataset_dir=' + tiny['data'],
+                               '--eval_logdir=' + eval_dir,
+                               '--min_resize_value=49',
+                               '--max_resize_value=49',
+                               '--eval_crop_size=45,45'])
+  err = capsys.readouterr().err
+  assert code == 2
+  assert ("split 'val' (its largest height and width, read from its records, "
+          'resized as --min_resize_value=49, --max_resize_value=49) is 49x49 '
+          '(height x width), larger than --eval_crop_size=45,45; pass '
+          '--eval_crop_size=49,49 (or larger)') in err
+  assert not os.path.exists(eval_dir)
+
+
 def test_crop_too_small_without_statistics_reads_the_records(
     tiny, tmp_path, capsys):
   """Without the split's statistics (records of an older build, or the

@@ -502,6 +502,15 @@ def test_crop_too_small_for_the_split_is_refused_at_once(tiny, tmp_path,
           % os.path.join(tiny['data'], 'dataset.json')) in err
   assert '--vis_crop_size=41,41 (or larger)' in err
   assert not os.path.exists('%s/out' % tmp_path)
+  # The first images of --max_number_of_images may fit where the split's
+  # largest (the last, 41x41) does not: they were refused all the same.
+  code = et.run_cli(vis_cli, ['--checkpoint_dir=' + tiny['train'],
+                              '--dataset_dir=' + tiny['data'],
+                              '--vis_crop_size=40,41',
+                              '--max_number_of_images=1',
+                              '--vis_logdir=%s/first' % tmp_path])
+  assert code == 0, capsys.readouterr().err
+  assert len(os.listdir('%s/first/%s' % (tmp_path, vis.SEMANTIC_FOLDER))) == 2
 
 
 def test_legend_on_image_names_the_dataset_classes(tiny, tmp_path, capsys):

@@ -4,6 +4,7 @@ The original scripts each defined these (same names and meanings); here they
 are defined once so the three command modules can be imported together, plus
 the helpers that turn them into the library's option dataclasses.
 """
+import functools
 import logging
 import os
 
@@ -124,28 +125,39 @@ def preprocess_options(saved_preprocess, resize=None):
 
 def check_split_fits(job, split):
   """Refuses a fixed crop size that images of `split` do not fit, for the
-  whole split at once (by the size range dataset.json's statistics keep),
-  not at the first such image, which left the next larger one to another
-  run. Resized images (--min/max_resize_value) are left to the check of
-  each image."""
-  if job.inference.crop_size is None or any(
-      getattr(job.preprocess_options, name) for name in config.RESIZE_FIELDS):
+  whole split at once (by the size range dataset.json's statistics keep,
+  else read from the records), not at the first such image, which left the
+  next larger one to another run. Resized images (--min/max_resize_value)
+  are judged by their sizes read from the records, resized."""
+  options = job.preprocess_options
+  if job.inference.crop_size is None:
     return
-  counted = job.dataset_info.split_statistics(split)
+  resized = bool(options.min_resize_value or options.max_resize_value)
+  counted = None if resized else job.dataset_info.split_statistics(split)
   if counted is not None:
     size = counted.max_height, counted.max_width
     source = 'from %s' % os.path.join(FLAGS.dataset_dir, 'dataset.json')
   else:
-    # Records without counts (the original's converter): their sizes are
-    # read, nothing decoded (0.2-0.4 s for VOC's val split, 1449 records).
+    # Records without counts (the original's converter), or resized: their
+    # sizes are read, nothing decoded (0.2-0.4 s for VOC's val split, 1449
+    # records).
     # pylint: disable=g-import-not-at-top
+    from deeplab_train.data import image_ops
     from deeplab_train.data import pipeline
     from deeplab_train.data import tfrecord
     size = tfrecord.largest_image_size(
-        pipeline.split_files(FLAGS.dataset_dir, split))
+        pipeline.split_files(FLAGS.dataset_dir, split),
+        functools.partial(image_ops.resize_to_range_size,
+                          min_size=options.min_resize_value,
+                          max_size=options.max_resize_value,
+                          factor=options.resize_factor)
+        if resized else None)
     if size is None:
       return   # each image is checked as it comes
-    source = 'read from its records'
+    source = ('read from its records, resized as %s' % ', '.join(
+        '{PreprocessOptions.%s}=%d' % (name, getattr(options, name))
+        for name in config.RESIZE_FIELDS if getattr(options, name))
+              if resized else 'read from its records')
   job.inference.check_holds(
       size[0], size[1], job.model_options.output_stride,
       'split %r (its largest height and width, %s)' % (split, source))

@@ -208,7 +208,9 @@ def options_from_flags():
           legend=FLAGS.vis_legend).validate(),
       image_dir=FLAGS.image_dir, dataset_dir=FLAGS.dataset_dir,
       split=FLAGS.vis_split, **exported)
-  if not (exported_model or FLAGS.image_dir):
+  # The first N images may fit where the split's largest does not: each is
+  # checked as it comes then.
+  if not (exported_model or FLAGS.image_dir or FLAGS.max_number_of_images):
     inference_flags.check_split_fits(job, FLAGS.vis_split)
   return job
 

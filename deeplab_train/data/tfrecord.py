@@ -132,23 +132,41 @@ def _cut_short(path, size):
   return None
 
 
-def largest_image_size(files):
+def largest_image_size(files, resize=None):
   """(height, width): the largest height and width of the images of the
   records in `files`, read from their image/height and image/width
   (nothing is decoded); None when a record lacks them or cannot be read
-  (the reader names such a record)."""
+  (the reader names such a record).
+
+  Args:
+    files: TFRecord files.
+    resize: fn(height, width) -> int [2], the size an image is resized to
+      (image_ops.resize_to_range_size with its bounds), or None.
+  """
   sizes = {key: tf.FixedLenFeature([], tf.int64, default_value=-1)
            for key in (IMAGE_HEIGHT, IMAGE_WIDTH)}
+
+  def bounds_of(height, width):
+    return {'height': height, 'width': width,
+            'smallest': tf.minimum(height, width)}
+
+  def resized(record):
+    size = tf.cast(resize(tf.maximum(record['height'], 1),
+                          tf.maximum(record['width'], 1)), tf.int64)
+    return dict(record, height=size[0], width=size[1])
+
   with tf.Graph().as_default():
     parsed = tf.data.TFRecordDataset(files).batch(256).map(
-        lambda batch: tf.io.parse_example(batch, sizes))
+        lambda batch: tf.io.parse_example(batch, sizes)).map(
+            lambda b: bounds_of(b[IMAGE_HEIGHT], b[IMAGE_WIDTH]))
+    if resize is not None:
+      parsed = parsed.unbatch().map(resized).batch(256)
     bounds = parsed.reduce(
         tf.constant([0, 0, 1 << 30], tf.int64),
         lambda acc, b: tf.stack([
-            tf.maximum(acc[0], tf.reduce_max(b[IMAGE_HEIGHT])),
-            tf.maximum(acc[1], tf.reduce_max(b[IMAGE_WIDTH])),
-            tf.minimum(acc[2], tf.reduce_min(
-                tf.minimum(b[IMAGE_HEIGHT], b[IMAGE_WIDTH])))]))
+            tf.maximum(acc[0], tf.reduce_max(b['height'])),
+            tf.maximum(acc[1], tf.reduce_max(b['width'])),
+            tf.minimum(acc[2], tf.reduce_min(b['smallest']))]))
     with tf.Session() as session:
       try:
         height, width, smallest = session.run(bounds)
