@@ -997,6 +997,28 @@ def _eval_checkpoint(cluster, records):
   return proc.returncode, json.loads(lines[-1]) if lines else proc.stderr
 
 
+@pytest.mark.parametrize('extra, message', [
+    (['--mixed_precision=fp16'],
+     '--mixed_precision=fp16 is not supported on a cluster (its loss scaling '
+     'may skip a step, which replicas cannot agree on): give '
+     '--mixed_precision=bf16, auto or none'),
+    (['--num_steps_more=2'], '--num_steps_more is not supported on a cluster'),
+])
+def test_what_a_cluster_task_cannot_train_with_is_refused_first(
+    tmp_path, records, extra, message):
+  """fp16 was refused once the task's server ran and its graph was half
+  built, without saying what to give instead, and both left an empty
+  logdir behind."""
+  logdir = tmp_path / 'log'
+  code, _, result = tt.main_in_process('deeplab-train', train_cli.main, (
+      tt.tiny_cli_args(logdir, records, 2, '--ps_hosts=localhost:1',
+                       '--worker_hosts=localhost:2', '--job_name=worker',
+                       '--task=0', *extra)))
+  assert code == 2 and result['status'] == 'bad_input'
+  assert message in result['message']
+  assert not logdir.exists()
+
+
 @pytest.mark.slow
 def test_synchronous_cluster_trains_and_the_chief_checkpoint_evaluates(
     tmp_path, records, processes):

@@ -264,13 +264,26 @@ def test_bf16_checkpoint_loads_into_fp32_eval_graph(tmp_path):
 # ---------------------------------------------------------------------------
 # fp16 dynamic loss scaling.
 # ---------------------------------------------------------------------------
-def _loss_scale_graph(initial_scale=8.0, increment_period=2):
+def _ancestors(op):
+  """The ops `op` depends on (its inputs', transitively, and itself)."""
+  seen, todo = set(), [op]
+  while todo:
+    current = todo.pop()
+    if current not in seen:
+      seen.add(current)
+      todo.extend(t.op for t in current.inputs)
+      todo.extend(current.control_inputs)
+  return seen
+
+
+def _loss_scale_graph(initial_scale=8.0, increment_period=2, **kw):
   graph = tf.Graph()
   with graph.as_default():
     step = tf.train.get_or_create_global_step()
     w = tf.get_variable('w', initializer=[1.0, 2.0])
     poison = tf.placeholder_with_default(False, [])
-    scale = loss_scale_lib.DynamicLossScale(initial_scale, increment_period)
+    scale = loss_scale_lib.DynamicLossScale(initial_scale, increment_period,
+                                            **kw)
     grad = tf.gradients(scale.scale_loss(tf.reduce_sum(w * w)), [w])[0]
     grad = tf.where(poison, grad * np.inf, grad)
     scaled_grad = grad
@@ -316,14 +329,23 @@ def test_loss_scale_skips_non_finite_step_and_halves_scale():
     assert state(sess)[1:] == [3, 8.0, 0]
 
 
-def test_loss_scale_never_below_minimum():
-  t = _loss_scale_graph(initial_scale=2.0)
+def test_loss_scale_never_below_minimum_where_it_diverged():
+  """Non-finite gradients at the smallest scale, step after step: they were
+  skipped for ever, without a word (a run without a time budget never
+  ended). So many in a row are `diverged`, which the trainer's non-finite
+  guard stops on; fewer (a rare batch) are skipped as any other."""
+  t = _loss_scale_graph(initial_scale=2.0, diverged_steps=2)
+  scale = t['scale']
   with tf.Session(graph=t['graph']) as sess:
     sess.run(t['init'])
-    for _ in range(3):
-      sess.run(t['train_op'], {t['poison']: True})
-    assert sess.run(t['scale'].scale) == 1.0
-    assert sess.run(t['step']) == 0
+    diverged = []
+    for poison in (True, True, False, True, True, False):
+      diverged.append(sess.run([t['train_op'], scale.diverged],
+                               {t['poison']: poison})[1])
+    # At 2.0, then 1.0 (one), a finite step, two at 1.0 in a row.
+    assert diverged == [False, False, False, False, True, False]
+    assert sess.run(scale.scale) == 1.0
+    assert sess.run(t['step']) == 2
 
 
 def test_loss_scale_variables_are_not_checkpointed():
@@ -340,6 +362,8 @@ def test_fp16_training_graph_scales_loss_and_trains_on_cpu():
   g = _build(mixed_precision='fp16')
   scale = g.loss_scale
   assert scale is not None
+  # The guard's check takes the loss scale's divergence in.
+  assert scale.diverged.op in _ancestors(g.all_finite.op)
   with g.graph.as_default():
     saved = {v.op.name for v in tf.global_variables()}
   assert not any(name.startswith('loss_scale') for name in saved)
@@ -354,7 +378,9 @@ def test_fp16_training_graph_scales_loss_and_trains_on_cpu():
 
 
 def test_fp16_refused_with_a_wrapped_optimizer():
-  with pytest.raises(config.ConfigError, match='fp16'):
+  """A cluster task's run refuses fp16 before any graph, as bad input
+  (tests/test_distributed.py); the graph never builds it."""
+  with pytest.raises(ValueError, match='fp16'):
     graph_lib.build_training_graph(
         _model_options(), _train_options(mixed_precision='fp16'),
         ignore_label=255, input_fn=_fixed_batch_input_fn(),

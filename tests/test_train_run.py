@@ -16,6 +16,7 @@ from deeplab_train.runtime import lock as lock_lib
 from deeplab_train.runtime import result as result_lib
 from deeplab_train.runtime import run as run_lib
 
+import timeouts
 import train_testing as tt
 
 
@@ -89,6 +90,19 @@ def test_nan_weights_with_a_finite_loss_are_caught(tmp_path):
   assert result.global_step == 4 and np.isfinite(result.loss)
   assert tt.checkpoint_steps(tmp_path) == [0, 2]
   assert _all_finite(result.checkpoint)
+  # fp16: the loss scale skips such steps, halving the scale down to 1;
+  # they were skipped there for ever too, without a word (exit 0 at the
+  # time budget, else never). Ten in a row at 1 end the run.
+  fp16 = tmp_path / 'fp16'
+  result = _train(fp16, steps=50, model_fn=tt.toy_model_fn(extra=poison),
+                  save_interval_steps=2, max_run_seconds=timeouts.HANG_SECONDS,
+                  options=config.TrainOptions(
+                      train_batch_size=2, fine_tune_batch_norm=False,
+                      base_learning_rate=0.01, training_number_of_steps=50,
+                      mixed_precision='fp16').validate())
+  assert result.status == 'non_finite_loss' and result.exit_code == 3
+  assert result.global_step == 3 and np.isfinite(result.loss)
+  assert tt.checkpoint_steps(fp16) == [0, 2]
 
 
 def test_finish_resume_nothing_to_do_and_num_steps_more(tmp_path):
@@ -574,6 +588,9 @@ def test_final_checkpoint_is_named_by_the_step_it_holds(tmp_path):
     saves = []
 
     class RacingSaver:
+      def __getattr__(self, name):  # the rotation's, the saver's own
+        return getattr(saver, name)
+
       def export_meta_graph(self, filename):
         return saver.export_meta_graph(filename)
 

@@ -29,14 +29,16 @@ _END_SAVES = 3
 
 
 class NonFiniteLossError(RuntimeError):
-  """The loss or the updated weights are NaN or infinite."""
+  """The loss or the updated weights are NaN or infinite (or, with fp16,
+  the gradients at the smallest loss scale, step after step)."""
 
   def __init__(self, step, loss):
     # Names the option (a command shows it as its flag, see config/errors.py).
     self.detail = errors.Message(
-        'non-finite loss or weights at step %d (loss %r); no checkpoint of '
-        'this step was written. Lower {TrainOptions.base_learning_rate} or '
-        'check the input labels.', step, loss)
+        'non-finite loss, gradients or weights at step %d (loss %r); no '
+        'checkpoint of this step was written. Lower '
+        '{TrainOptions.base_learning_rate} or check the input labels.',
+        step, loss)
     super().__init__(str(self.detail))
     self.step = step
     self.loss = loss
@@ -77,12 +79,13 @@ class StopState:
 
 
 class NonFiniteGuardHook(tf.train.SessionRunHook):
-  """Raises NonFiniteLossError when the step's loss or weights are not finite.
+  """Raises NonFiniteLossError when the step's loss or weights are not
+  finite (or, with fp16, the loss scale found the model diverged).
 
   Args:
     loss: the total loss tensor.
     all_finite: bool tensor, true when the loss and the updated weights are
-      finite (evaluated after the update).
+      finite (evaluated after the update; see graph.TrainingGraph).
     step_after: global step after the update.
   """
 

@@ -241,14 +241,16 @@ class TrainingRun:
   def execute(self, handle_signals=True):
     """Locks the logdir and trains; every expected ending is a result."""
     logdir = self.spec.run_options.train_logdir
-    os.makedirs(logdir, exist_ok=True)
     if handle_signals:
       self.signals.install()
     try:
+      if self.cluster is not None:
+        # Before the logdir is made (an empty one was left behind).
+        _check_cluster_run(self.spec.run_options, self.spec.train_options)
+      os.makedirs(logdir, exist_ok=True)
       with lock_lib.LogdirLock(logdir,
                                cluster_lib.lock_filename(self.cluster)):
         if self.cluster is not None:
-          _check_cluster_run(self.spec.run_options)
           self.master = cluster_lib.start_server(self.cluster).target
         return self._train_locked()
     except lock_lib.LogdirLockedError as e:
@@ -778,7 +780,13 @@ def _check_shapes_resumable(checkpoint, graph, logdir):
         os.path.basename(checkpoint), len(unused), ', '.join(unused[:3]))
 
 
-def _check_cluster_run(run_options):
+def _check_cluster_run(run_options, train_options):
+  """Refuses what a cluster task cannot train with, before any work."""
+  if train_options.mixed_precision == 'fp16':
+    raise config.ConfigError(
+        '{TrainOptions.mixed_precision}=fp16 is not supported on a cluster '
+        '(its loss scaling may skip a step, which replicas cannot agree on): '
+        'give {TrainOptions.mixed_precision}=bf16, auto or none')
   if run_options.validates:
     raise config.ConfigError(
         '{RunOptions.eval_interval_steps} (validation during training) is '

@@ -13,7 +13,6 @@ from typing import Any, List, Optional
 from absl import logging
 import tensorflow.compat.v1 as tf
 
-from deeplab_train import config
 from deeplab_train.model import nas_cell
 from deeplab_train.model import registry
 from deeplab_train.train import checkpoint_init
@@ -39,7 +38,8 @@ class TrainingGraph:
     regularization_loss: the weight-decay loss, or None without any.
     learning_rate: the scheduled rate.
     train_op: one update (gradients, optimizer, tower 0's BN updates).
-    all_finite: the loss and the updated weights are finite (fetch only with
+    all_finite: the loss and the updated weights are finite, and with fp16
+      the loss scale did not find the model diverged (fetch only with
       train_op).
     summary_op: merged training summaries.
     saver: saves everything needed to resume exactly.
@@ -336,9 +336,8 @@ def _update(towers, losses_, learning_rate, global_step, trainable,
   scale = None
   if train_options.mixed_precision == 'fp16':
     if wrap_optimizer is not None:
-      raise config.ConfigError('{TrainOptions.mixed_precision}=fp16 is not '
-                               'supported on a cluster (its loss scaling may '
-                               'skip a step, which replicas cannot agree on)')
+      # A cluster task's run is refused before (run._check_cluster_run).
+      raise ValueError('fp16 loss scaling cannot skip a step of replicas')
     with tf.name_scope(train_scope), tf.device(cpu):
       scale = loss_scale.DynamicLossScale()
   towers_for_grads, reg_loss = _scaled_losses(
@@ -387,9 +386,11 @@ def _update(towers, losses_, learning_rate, global_step, trainable,
     train_op = tf.group(apply_op, *towers[0].update_ops, name='train_op')
     with tf.control_dependencies([train_op]):
       step_after = tf.identity(global_step.read_value(), name='step_after')
-      all_finite = tf.logical_and(
-          tf.math.is_finite(losses_.total_loss),
-          _weights_are_finite(model_variables), name='all_finite')
+      checks = [tf.math.is_finite(losses_.total_loss),
+                _weights_are_finite(model_variables)]
+      if scale is not None:
+        checks.append(tf.logical_not(scale.diverged))
+      all_finite = tf.reduce_all(tf.stack(checks), name='all_finite')
   return _Update(grads_and_vars=grads_and_vars, optimizer=optimizer,
                  loss_scale=scale, train_op=train_op, step_after=step_after,
                  all_finite=all_finite)

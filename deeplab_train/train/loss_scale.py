@@ -6,6 +6,12 @@ so the backward pass works with numbers in float16's range. When a
 gradient comes out non-finite the scale was too large: the update is
 skipped (weights, momentum and global step unchanged) and the scale halved.
 After `increment_period` finite steps in a row the scale doubles again.
+The batch-norm moving statistics are updated by the forward pass, skipped
+step or not, as under TensorFlow's own loss scaling. Non-finite gradients
+in `diverged_steps` steps in a row at the smallest scale are no overflow a
+smaller scale avoids: the model diverged (`diverged`), and the trainer
+stops as for a non-finite loss (the steps were skipped for ever, without
+a word); a single one there (a rare batch) is skipped as any other.
 This is the policy of TensorFlow's own dynamic loss scale; that class is
 deprecated in TF2 in favour of a Keras optimizer wrapper, which this project
 cannot use (no Keras in the graph), so the few ops are written here.
@@ -19,6 +25,7 @@ import tensorflow.compat.v1 as tf
 DEFAULT_INITIAL_SCALE = 2.0 ** 15
 DEFAULT_INCREMENT_PERIOD = 2000
 DEFAULT_MULTIPLIER = 2.0
+DEFAULT_DIVERGED_STEPS = 10
 
 
 def _local_variable(name, initial_value, dtype):
@@ -59,13 +66,15 @@ class DynamicLossScale:
     increment_period: finite steps in a row before the scale is multiplied.
     multiplier: factor by which the scale grows and shrinks.
     min_scale: the scale never drops below this.
-    name: variable scope of the two variables.
+    diverged_steps: steps in a row with non-finite gradients at min_scale
+      that make `diverged` true.
+    name: variable scope of the variables.
   """
 
   def __init__(self, initial_scale=DEFAULT_INITIAL_SCALE,
                increment_period=DEFAULT_INCREMENT_PERIOD,
                multiplier=DEFAULT_MULTIPLIER, min_scale=1.0,
-               name='loss_scale'):
+               diverged_steps=DEFAULT_DIVERGED_STEPS, name='loss_scale'):
     if initial_scale < min_scale or multiplier <= 1 or increment_period < 1:
       raise ValueError('bad loss scale settings: initial_scale=%g (>= %g), '
                        'multiplier=%g (> 1), increment_period=%d (>= 1)'
@@ -74,9 +83,14 @@ class DynamicLossScale:
     self._increment_period = increment_period
     self._multiplier = float(multiplier)
     self._min_scale = float(min_scale)
+    self._diverged_steps = diverged_steps
+    # Set by apply_gradients (a bool scalar tensor, see the module doc).
+    self.diverged = None
     with tf.variable_scope(name):
       self.scale = _local_variable('scale', float(initial_scale), tf.float32)
       self.good_steps = _local_variable('good_steps', 0, tf.int64)
+      # Steps in a row with non-finite gradients at min_scale.
+      self.bad_steps = _local_variable('bad_steps_at_min_scale', 0, tf.int64)
 
   def scale_loss(self, loss):
     """`loss` (float32) times the current scale."""
@@ -136,6 +150,7 @@ class DynamicLossScale:
     """
     grads_and_vars = list(grads_and_vars)
     finite = all_finite([g for g, _ in grads_and_vars])
+    used = self.scale.read_value()  # the step's scale, before update()
     # Slots are created outside the cond (apply_gradients does so in an
     # init scope), so skipping a step leaves the momentum untouched.
     apply_op = tf.cond(
@@ -143,6 +158,11 @@ class DynamicLossScale:
         lambda: tf.group(optimizer.apply_gradients(grads_and_vars,
                                                    global_step=global_step)),
         tf.no_op)
-    with tf.control_dependencies([apply_op]):
+    with tf.control_dependencies([apply_op, used]):
       update_op = self.update(finite)
-    return tf.group(apply_op, update_op, name=name)
+      at_min = tf.logical_and(tf.logical_not(finite), used <= self._min_scale)
+      bad_steps = self.bad_steps.assign(
+          tf.where(at_min, self.bad_steps + 1, tf.zeros_like(self.bad_steps)))
+    self.diverged = tf.greater_equal(bad_steps, self._diverged_steps,
+                                     name='loss_scale_diverged')
+    return tf.group(apply_op, update_op, bad_steps, name=name)
