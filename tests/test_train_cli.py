@@ -551,6 +551,39 @@ def test_mixed_precision_auto_is_bf16_only_with_native_bf16(flags_line, mode):
     FLAGS.unparse_flags()
 
 
+@pytest.mark.parametrize('flags_line,environ,warned', [
+    ('flags\t\t: avx2', {},
+     'this CPU has no native bfloat16 (AVX512_BF16 or AMX)'),
+    ('flags\t\t: avx2 avx512f avx512_bf16',
+     {'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE'},
+     'but ONEDNN_MAX_CPU_ISA=AVX512_CORE keeps oneDNN below AVX512_CORE_BF16'),
+    ('flags\t\t: avx2 avx512f avx512_bf16', {}, None)])
+def test_bf16_asked_where_it_trains_slower_says_so(monkeypatch, caplog,
+                                                   flags_line, environ,
+                                                   warned):
+  """bf16 where auto would not choose it (emulated, or oneDNN capped below
+  native bfloat16: half fp32's speed) trained without a word."""
+  features = cpu_lib.cpu_features('processor\t: 0\n' + flags_line)
+  for name in cpu_lib.ONEDNN_ISA_ENVS:
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv('TF_ENABLE_ONEDNN_OPTS', '1')
+  for name, value in environ.items():
+    monkeypatch.setenv(name, value)
+  FLAGS.unparse_flags()
+  try:
+    FLAGS(['deeplab-train', '--mixed_precision=bf16'])
+    with caplog.at_level('WARNING'):
+      assert train_flags.train_options(features).mixed_precision == 'bf16'
+  finally:
+    FLAGS.unparse_flags()
+  if warned:
+    assert warned in caplog.text
+    assert ('where bf16 trains slower than float32 (--mixed_precision=auto '
+            'would train in float32 here)') in caplog.text
+  else:
+    assert '--mixed_precision=bf16' not in caplog.text
+
+
 def test_bf16_refused_where_onednn_would_abort(monkeypatch):
   # On an AVX-512 CPU with oneDNN capped below AVX512_CORE, a bf16 step
   # aborts the process: refused as bad input naming the flag and variable.

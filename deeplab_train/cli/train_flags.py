@@ -168,12 +168,16 @@ def train_options(cpu_features=None, dataset_info=None):
   --dataset_dir's dataset.json)."""
   values = {name: FLAGS[name].value for name in _TRAIN_FIELDS}
   values['label_weights'] = label_weights(dataset_info)
-  mode, reason, refusal = cpu_lib.choose_mixed_precision(
-      values['mixed_precision'], cpu_features)
+  asked = values['mixed_precision']
+  mode, reason, refusal = cpu_lib.choose_mixed_precision(asked, cpu_features)
   if refusal:  # only for an explicit bf16: auto never picks it here
     raise config.ConfigError('--mixed_precision=bf16: %s', refusal)
-  if reason:
+  if reason and asked == cpu_lib.AUTO:
     logging.info('--mixed_precision=auto: %s (%s)', mode, reason)
+  elif reason:
+    logging.warning('--mixed_precision=bf16: %s, where bf16 trains slower '
+                    'than float32 (--mixed_precision=auto would train in '
+                    'float32 here)', reason)
   values['mixed_precision'] = mode
   return config.TrainOptions(**values).validate()
 

@@ -83,19 +83,23 @@ def auto_mixed_precision(features, environ=None):
 
 
 def choose_mixed_precision(mode, features=None, environ=None):
-  """(mode, auto's reason, refusal) for a --mixed_precision value `mode`
-  on a CPU with `features` (default: this machine's) in `environ`
-  (default: this process's): auto resolved (auto_mixed_precision, with
-  its reason to log; None for other values), and for bf16 why it cannot
-  train here (bf16_refusal) or None. Other values come back as they are;
-  the CPU is read only for auto and bf16.
+  """(mode, reason, refusal) for a --mixed_precision value `mode` on a CPU
+  with `features` (default: this machine's) in `environ` (default: this
+  process's): auto resolved (auto_mixed_precision, with its reason to
+  log); for bf16 asked where auto would not choose it, auto's reason, why
+  it trains slower here than float32 (it trained silently); else None.
+  refusal: for bf16, why it cannot train here (bf16_refusal), or None.
+  Other values come back as they are; the CPU is read only for auto and
+  bf16.
   """
   if mode not in (AUTO, 'bf16'):
     return mode, None, None
   features = machine_cpu() if features is None else features
-  reason = None
+  chosen, reason = auto_mixed_precision(features, environ)
   if mode == AUTO:
-    mode, reason = auto_mixed_precision(features, environ)
+    mode = chosen
+  elif chosen == 'bf16':
+    reason = None
   refusal = bf16_refusal(features, environ) if mode == 'bf16' else None
   return mode, reason, refusal
 
