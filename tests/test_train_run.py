@@ -421,6 +421,24 @@ def test_a_copied_logdir_resumes_from_its_own_checkpoints(tmp_path, caplog):
   assert 'names %s/model.ckpt-3, outside this folder' % source in caplog.text
   assert sorted(os.listdir(source)) == before
   assert tf.train.latest_checkpoint(str(copy)) == str(copy / 'model.ckpt-5')
+  # Its latest in the folder, older ones in the source (the original's run
+  # in a copy leaves that): the source's were deleted in turn.
+  mixed = tmp_path / 'mixed'
+  shutil.copytree(source, mixed)
+  (mixed / 'checkpoint').write_text(
+      'model_checkpoint_path: "%s/model.ckpt-3"\n' % mixed + ''.join(
+          'all_model_checkpoint_paths: "%s/%s"\n' % (source, name[:-6])
+          for name in steps[:-1]) +
+      'all_model_checkpoint_paths: "%s/model.ckpt-3"\n' % mixed)
+  caplog.clear()
+  with caplog.at_level('WARNING'):
+    result = _train(mixed, steps=6, save_interval_steps=1,
+                    keep_checkpoint_max=1)
+  assert result.status == 'ok' and result.global_step == 6
+  assert ('lists checkpoints outside this folder (e.g. %s/%s), which the '
+          'saver would delete in turn' % (source, steps[0][:-6])
+          ) in caplog.text
+  assert sorted(os.listdir(source)) == before
   # A state file naming another folder, beside no checkpoint of its own.
   empty = tmp_path / 'empty'
   empty.mkdir()

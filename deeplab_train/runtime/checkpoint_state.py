@@ -41,16 +41,22 @@ def inside(prefix, folder):
           os.path.realpath(folder))
 
 
+def _state(folder):
+  """The state file of `folder` read, or None when it is missing or cannot
+  be read (not text, empty), where TensorFlow raises."""
+  try:
+    return tf.train.get_checkpoint_state(folder)
+  except (UnicodeDecodeError, ValueError, tf.errors.OpError):
+    return None
+
+
 def latest(folder):
   """The checkpoint the state file of `folder` names, when its files are
   there, as tf.train.latest_checkpoint gives it; None when the state file
   cannot be read (not text, empty: a crash can leave it empty), where
   TensorFlow raises, or when the files are gone, where TensorFlow logs
   an error line of its own beside the message the callers give."""
-  try:
-    state = tf.train.get_checkpoint_state(folder)
-  except (UnicodeDecodeError, ValueError, tf.errors.OpError):
-    return None
+  state = _state(folder)
   named = state.model_checkpoint_path if state else ''
   if named and (tf.io.gfile.exists(named + '.index') or
                 tf.io.gfile.exists(named)):   # V2, or V1 (the file itself)
@@ -211,24 +217,36 @@ def remove_killed_saves(logdir, basename='model.ckpt'):
   return removed
 
 
+def _listed_outside(folder):
+  """The checkpoints the state file of `folder` lists (besides its latest)
+  that lie outside the folder."""
+  state = _state(folder)
+  return [p for p in (state.all_model_checkpoint_paths if state else ())
+          if not inside(p, folder)]
+
+
 def repair(logdir, basename='model.ckpt'):
   """The checkpoint of `logdir` to resume from, the state file rewritten if
   needed.
 
   Returns:
     The prefix tf.train.latest_checkpoint gives when it is readable.
-    Otherwise (no state file, a damaged one, or a latest checkpoint whose
-    files are gone or damaged) the newest complete and readable checkpoint
-    on disk, after rewriting the state file to name it (and the complete
-    ones before it), with a warning saying why. None when the logdir holds
-    no checkpoint.
+    Otherwise (no state file, a damaged one, a latest checkpoint whose
+    files are gone or damaged, or checkpoints listed outside the folder)
+    the newest complete and readable checkpoint on disk, after rewriting
+    the state file to name it (and the complete ones before it), with a
+    warning saying why. None when the logdir holds no checkpoint.
 
   Raises:
     ConfigError: checkpoints are there but none can be read.
   """
   named = latest(logdir)
   elsewhere = named is not None and not inside(named, logdir)
-  if named and not elsewhere and readable(named):
+  # Older entries outside the folder (a copied logdir the original then
+  # trained in): the saver took them into its rotation and deleted them.
+  older_elsewhere = (named is not None and not elsewhere and
+                     _listed_outside(logdir))
+  if named and not elsewhere and not older_elsewhere and readable(named):
     return named
   if not os.path.isdir(logdir):
     return None
@@ -241,7 +259,12 @@ def repair(logdir, basename='model.ckpt'):
           'the state file %s names %s, outside this folder, and the folder '
           'holds no checkpoint of its own: copy that checkpoint here, or start '
           'from it with {TrainOptions.tf_initial_checkpoint}', state, named)
-  if named and not elsewhere:
+  if older_elsewhere and readable(named):
+    why = ('lists checkpoints outside this folder (e.g. %s), which the '
+           'saver would delete in turn (a copied logdir?)'
+           % older_elsewhere[0])
+    named = None  # the folder's own, the newest among them
+  elif named and not elsewhere:
     why = 'names %s, which cannot be read (damaged or cut short)' % named
   else:
     why = _state_file_problem(logdir, named)
