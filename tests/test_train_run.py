@@ -378,10 +378,26 @@ def test_a_state_file_repaired_under_a_relative_logdir_names_its_own_files(
       'model.ckpt-0.meta']
   state = (parent / 'run' / 'checkpoint').read_text()
   assert '..' not in state, state
-  # Rotation removed the logdir's own oldest, as after a resume with a
-  # state file intact.
+  # Rotation removed the logdir's own older ones, keeping the last one.
   assert sorted(p.name for p in (parent / 'run').glob('*.index')) == [
-      'model.ckpt-3.index', 'model.ckpt-5.index']
+      'model.ckpt-5.index']
+
+
+def test_a_lower_keep_count_on_resume_is_kept_to(tmp_path):
+  """A run resumed with a lower keep_checkpoint_max than the run before
+  recovered the longer list, and the saver dropped one checkpoint a save:
+  the folder kept 4 where 2 were asked for, for good."""
+  assert _train(tmp_path, steps=4, save_interval_steps=1,
+                keep_checkpoint_max=4).global_step == 4
+  indexes = lambda: sorted(p.name for p in tmp_path.glob('*.index'))
+  assert indexes() == ['model.ckpt-%d.index' % i for i in (1, 2, 3, 4)]
+  assert _train(tmp_path, steps=5, save_interval_steps=1,
+                keep_checkpoint_max=2).global_step == 5
+  assert indexes() == ['model.ckpt-4.index', 'model.ckpt-5.index']
+  assert not list(tmp_path.glob('model.ckpt-[123].*'))
+  state = tf.train.get_checkpoint_state(str(tmp_path))
+  assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == [
+      'model.ckpt-4', 'model.ckpt-5']
 
 
 def test_a_damaged_state_file_without_checkpoints_starts_at_step_0(

@@ -302,6 +302,7 @@ class CheckpointHook(tf.train.SessionRunHook):
 
   def _save(self, session, step):
     path = '%s-%d' % (self._prefix, step)
+    beyond = self._trim_rotation()
     try:
       with session.graph.as_default():
         self._saver.export_meta_graph(path + '.meta')
@@ -315,6 +316,27 @@ class CheckpointHook(tf.train.SessionRunHook):
     self._last_step = step
     self._last_time = time.time()
     logging.info('Saved checkpoint %s', self.last_checkpoint)
+    if beyond:
+      # Only now that the new checkpoint and the state file without them
+      # are written.
+      for prefix in beyond:
+        tf.train.remove_checkpoint(prefix)
+      logging.info('Removed %d older checkpoints (%s) to keep the last %d',
+                   len(beyond), ', '.join(os.path.basename(p) for p in beyond),
+                   self._saver.saver_def.max_to_keep)
+
+  def _trim_rotation(self):
+    """The saver's rotation cut to its newest max_to_keep checkpoints; the
+    ones cut off, which the caller removes after the next save. A run
+    resumed with a lower keep count than the run before it (or a state
+    file rewritten to list every checkpoint on disk) recovers a longer
+    list, and the saver drops one checkpoint a save: it never shrank."""
+    keep = self._saver.saver_def.max_to_keep
+    listed = self._saver.last_checkpoints
+    if not keep or len(listed) <= keep:
+      return []
+    self._saver.recover_last_checkpoints(listed[-keep:])
+    return listed[:-keep]
 
 
 def write_error_reason(error):
