@@ -84,3 +84,19 @@ def test_braces_in_paths_are_not_option_references(place):
   with pytest.raises(ConfigError) as error:
     output_paths.check_output_folder('eval_logdir', str(odd))
   assert '{run.1}' in str(error.value)
+
+
+@pytest.mark.parametrize('check', [output_paths.check_output_folder,
+                                   output_paths.check_output_file])
+def test_a_url_is_refused(tmp_path, monkeypatch, check):
+  """--train_logdir=gs://... (the original wrote through tf.gfile) made a
+  local folder named 'gs:', built the graph, and failed with exit 1."""
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(ConfigError) as error:
+    check('train_logdir', 'gs://bucket/deeplab/train')
+  assert str(error.value) == (
+      '--train_logdir=gs://bucket/deeplab/train is a URL: the outputs are '
+      'written to a local or mounted file system (a bucket mounted with '
+      'gcsfuse, say); give a path there and copy the results where you want '
+      'them')
+  assert os.listdir(tmp_path) == []

@@ -45,11 +45,23 @@ def _place_problem(flag_name, path, what):
   return None
 
 
+def _check_local(flag_name, path):
+  """Raises ConfigError for a URL (gs://...): the commands write through
+  the local file system (locks, renames), where one made a folder named
+  'gs:' and failed at the end of the work."""
+  if '://' in path:
+    raise config.ConfigError(
+        '--%s=%s is a URL: the outputs are written to a local or mounted '
+        'file system (a bucket mounted with gcsfuse, say); give a path there '
+        'and copy the results where you want them', flag_name, path)
+
+
 def check_output_folder(flag_name, path):
   """Raises ConfigError when the folder `path` given by --flag_name cannot
-  be written: a file, under a file, or not writable."""
+  be written: a URL, a file, under a file, or not writable."""
   if not path:
     return
+  _check_local(flag_name, path)
   what = 'a folder you can write to (created if missing)'
   if not os.path.exists(path):
     problem = _place_problem(flag_name, path, what)
@@ -76,9 +88,11 @@ def check_writable(flag_name, path, why):
 
 def check_output_file(flag_name, path):
   """Raises ConfigError when the file `path` given by --flag_name cannot be
-  written: a folder, under a file, or in a folder that is not writable."""
+  written: a URL, a folder, under a file, or in a folder that is not
+  writable."""
   if not path:
     return
+  _check_local(flag_name, path)
   what = 'the path of a file you can write'
   if os.path.isdir(path):
     problem = config.ConfigError('--%s=%s is a folder: give ' + what,
